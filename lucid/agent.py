@@ -1,0 +1,186 @@
+"""The DreamerV3 agent: world model, actor, critic, their three optimisers and one update.
+
+`train(batch)` follows the paper's algorithm: (1) fit the world model on the replayed (B, T)
+batch; (2) imagine H steps from every posterior state with the actor; (3) compute λ-returns
+from dreamed rewards, continues and critic values; (4) update the actor and (5) the critic.
+Each loss changes only its own component's parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from .behavior import (Actor, Critic, ReturnNorm, actor_loss, critic_loss, imagined_weights,
+                       lambda_return)
+from .config import Config
+from .envs.spaces import ActionSpec, ObsSpec
+from .world_model import State, WorldModel
+
+
+@contextlib.contextmanager
+def frozen(*modules: nn.Module):
+    """Temporarily stop gradients into the parameters of `modules` (activations still carry
+    gradients through them, as needed to backpropagate the actor loss through the dynamics)."""
+    params = [p for m in modules for p in m.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+def _adam(params, lr, eps):
+    return torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
+
+
+class Agent:
+    def __init__(self, obs_spec: ObsSpec, act_spec: ActionSpec, config: Config,
+                 device: str | torch.device = "cpu"):
+        self.config = config
+        self.obs_spec, self.act_spec = obs_spec, act_spec
+        self.device = torch.device(device)
+        m, t = config.model, config.train
+        self.wm = WorldModel(obs_spec, act_spec.dim, m).to(self.device)
+        self.actor = Actor(self.wm.feat_dim, act_spec, m).to(self.device)
+        self.critic = Critic(self.wm.feat_dim, m).to(self.device)
+        self.retnorm = ReturnNorm(t.return_norm_decay, t.return_norm_low, t.return_norm_high,
+                                  t.return_norm_min_scale).to(self.device)
+        self.opt_wm = _adam(self.wm.parameters(), t.model_lr, t.model_eps)
+        self.opt_actor = _adam(self.actor.parameters(), t.actor_lr, t.actor_eps)
+        self.opt_critic = _adam(self.critic.net.parameters(), t.critic_lr, t.critic_eps)
+        self.updates = 0
+
+    # ------------------------------------------------------------------ acting
+
+    def initial_state(self, batch: int) -> State:
+        with torch.no_grad():
+            return self.wm.initial(batch)
+
+    @torch.no_grad()
+    def policy(self, obs: dict[str, torch.Tensor], state: State | None = None,
+               explore: bool = True) -> tuple[torch.Tensor, State]:
+        """One step for a batch of N environments. `obs` holds the observation keys (N, ...)
+        and optionally `is_first` (N,); rows with is_first start from the initial state.
+        Returns model-space actions (N, A) and the next state."""
+        obs_keys = {k: v for k, v in obs.items() if k != "is_first"}
+        n = next(iter(obs_keys.values())).shape[0]
+        is_first = obs.get("is_first")
+        if state is None:
+            state = self.wm.initial(n)
+            is_first = torch.ones(n, dtype=torch.bool, device=self.device)
+        elif is_first is None:
+            is_first = torch.zeros(n, dtype=torch.bool, device=self.device)
+        embed = self.wm.encoder(obs_keys)
+        state, _, _ = self.wm.obs_step(state, embed, is_first.to(self.device))
+        action = self.actor(self.wm.feat(state.h, state.z), explore=explore)
+        return action, State(state.h, state.z, action)
+
+    # ------------------------------------------------------------------ learning
+
+    def _step(self, opt: torch.optim.Optimizer, loss: torch.Tensor, params, clip: float):
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
+        opt.step()
+        return norm
+
+    def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
+        """One update of all three components; returns metrics as 0-d tensors (no syncs)."""
+        t = self.config.train
+        wm, actor, critic = self.wm, self.actor, self.critic
+
+        # 1. World model.
+        wm_loss, metrics, out = wm.loss(batch, t)
+        metrics["world_model/grad_norm"] = self._step(self.opt_wm, wm_loss, wm.parameters(),
+                                                      t.model_clip)
+
+        # 2. Imagine from every posterior state (start states carry no gradient).
+        h = out["h"].detach().reshape(-1, wm.D)
+        z = out["z"].detach().reshape(-1, wm.G, wm.K)
+        start_cont = 1.0 - batch["is_terminal"].reshape(-1).float()
+        dynamics_grad = not self.act_spec.is_discrete and t.continuous_grad == "dynamics"
+        with frozen(wm, critic):
+            with torch.set_grad_enabled(dynamics_grad):
+                feat, action = wm.imagine(lambda f: actor(f.detach()), h, z, t.horizon)
+                # 3. Dreamed rewards (mean), continues (mode), values -> λ-returns (real space).
+                reward = wm.twohot.mean(wm.reward(feat))
+                cont = (wm.cont(feat).squeeze(-1) > 0).float()
+                cont = torch.cat([start_cont[None], cont[1:]], 0)
+                value = critic.value(feat)
+                ret = lambda_return(reward, cont, value, t.gamma, t.lam)
+                weight = imagined_weights(cont, t.gamma).detach()
+            self.retnorm.update(ret)
+            scale = self.retnorm.scale()
+            # 4. Actor (its inputs are detached inside imagination; gradients reach only it).
+            a_loss, a_metrics = actor_loss(actor, feat, action, ret, value, weight, scale, t)
+        metrics.update(a_metrics)
+        metrics["actor/grad_norm"] = self._step(self.opt_actor, a_loss, actor.parameters(),
+                                                t.actor_clip)
+
+        # 5. Critic, then its slow copy.
+        c_loss, c_metrics = critic_loss(critic, feat, ret, weight, t)
+        metrics.update(c_metrics)
+        metrics["critic/grad_norm"] = self._step(self.opt_critic, c_loss,
+                                                 critic.net.parameters(), t.critic_clip)
+        critic.update_slow(t.slow_critic_fraction)
+        self.updates += 1
+
+        ret_d = ret.detach()
+        metrics.update({
+            "actor/return_low": self.retnorm.low.clone(),
+            "actor/return_high": self.retnorm.high.clone(),
+            "actor/return_scale": scale.detach(),
+            "critic/return_mean": ret_d.mean(),
+            "critic/value_mean": value[:-1].detach().mean(),
+            "world_model/imagined_reward_mean": reward.detach().mean(),
+            "world_model/imagined_continue_mean": cont.mean(),
+        })
+        return metrics
+
+    def train(self, batch: dict) -> dict[str, float]:
+        metrics = self.train_step(batch)
+        values = torch.stack([v.detach().float() for v in metrics.values()]).cpu().tolist()
+        return dict(zip(metrics.keys(), values))
+
+    # ------------------------------------------------------------------ persistence
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {"world_model": self.wm, "actor": self.actor, "critic": self.critic,
+                "return_norm": self.retnorm}
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"world_model": self.opt_wm, "actor": self.opt_actor, "critic": self.opt_critic}
+
+    def state_dict(self) -> dict:
+        return {
+            "modules": {k: m.state_dict() for k, m in self.modules().items()},
+            "optimizers": {k: o.state_dict() for k, o in self.optimizers().items()},
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, m in self.modules().items():
+            own, theirs = m.state_dict(), state["modules"][k]
+            for name, tensor in own.items():
+                if name not in theirs:
+                    raise ValueError(f"checkpoint lacks {k}.{name}; it was saved by another "
+                                     f"model configuration")
+                if theirs[name].shape != tensor.shape:
+                    raise ValueError(
+                        f"checkpoint does not match this agent: {k}.{name} has shape "
+                        f"{tuple(theirs[name].shape)} there but {tuple(tensor.shape)} here; "
+                        f"use the same model size and observation/action spaces")
+            m.load_state_dict(theirs)
+        for k, o in self.optimizers().items():
+            o.load_state_dict(state["optimizers"][k])
+        self.updates = int(state.get("updates", 0))
+
+    def num_params(self) -> dict[str, int]:
+        count = lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad)  # noqa: E731
+        return {"world_model": count(self.wm), "actor": count(self.actor),
+                "critic": count(self.critic.net)}

@@ -1,0 +1,157 @@
+"""Actor, critic, λ-returns and return normalisation (paper eqs. 6-12)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from .config import ModelConfig, TrainConfig
+from .envs.spaces import ActionSpec
+from .nets import Head, TwoHot, categorical_entropy, onehot_mode, onehot_sample, unimix_logits
+
+
+def lambda_return(reward: torch.Tensor, cont: torch.Tensor, value: torch.Tensor,
+                  gamma: float, lam: float) -> torch.Tensor:
+    """λ-returns of imagined steps 0..H-1 from time-major (H+1, N) real-space predictions:
+
+        R_H = V_H,  R_t = r_{t+1} + γ c_{t+1} ((1 - λ) V_{t+1} + λ R_{t+1}).
+    """
+    disc = gamma * cont[1:]
+    inter = reward[1:] + disc * (1.0 - lam) * value[1:]
+    out = [value[-1]]
+    for t in reversed(range(disc.shape[0])):
+        out.append(inter[t] + disc[t] * lam * out[-1])
+    return torch.stack(out[::-1][:-1])
+
+
+def imagined_weights(cont: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Loss weights of imagined steps: the discounted cumulative product of predicted
+    continues, w_t = prod_{i<=t} (γ c_i) / γ, so w_0 = c_0 (0 if the start was terminal)."""
+    return torch.cumprod(gamma * cont, 0) / gamma
+
+
+class ReturnNorm(nn.Module):
+    """EMA of the low/high percentiles of λ-returns; scale S = max(min_scale, high - low)."""
+
+    def __init__(self, decay: float = 0.99, low: float = 5.0, high: float = 95.0,
+                 min_scale: float = 1.0):
+        super().__init__()
+        self.decay, self.min_scale = decay, min_scale
+        self.register_buffer("q", torch.tensor([low / 100.0, high / 100.0]))
+        self.register_buffer("low", torch.zeros(()))
+        self.register_buffer("high", torch.zeros(()))
+
+    @torch.no_grad()
+    def update(self, returns: torch.Tensor) -> None:
+        lo, hi = torch.quantile(returns.detach().flatten().float(), self.q.to(returns.device))
+        self.low.mul_(self.decay).add_((1 - self.decay) * lo)
+        self.high.mul_(self.decay).add_((1 - self.decay) * hi)
+
+    def scale(self) -> torch.Tensor:
+        return torch.clamp(self.high - self.low, min=self.min_scale)
+
+
+class Actor(nn.Module):
+    """π(a | s): factorised unimix categoricals for (Multi)Discrete actions, a Normal with
+    tanh mean and std in [min_std, max_std] for Box actions (model space [-1, 1])."""
+
+    def __init__(self, feat_dim: int, spec: ActionSpec, mcfg: ModelConfig):
+        super().__init__()
+        dims = mcfg.dims()
+        self.spec = spec
+        self.unimix = mcfg.unimix
+        self.min_std, self.max_std = mcfg.actor_min_std, mcfg.actor_max_std
+        out = spec.dim if spec.is_discrete else 2 * spec.dim
+        self.head = Head(feat_dim, dims["dense_units"], dims["dense_layers"], out)
+
+    def params(self, feat: torch.Tensor):
+        x = self.head(feat)
+        if self.spec.is_discrete:
+            return [unimix_logits(p, self.unimix) for p in x.split(self.spec.discrete, -1)]
+        mean, std = x.chunk(2, -1)
+        std = (self.max_std - self.min_std) * torch.sigmoid(std + 2.0) + self.min_std
+        return torch.tanh(mean), std
+
+    def sample(self, params) -> torch.Tensor:
+        if self.spec.is_discrete:
+            return torch.cat([onehot_sample(lp) for lp in params], -1)
+        mean, std = params
+        return mean + std * torch.randn_like(mean)  # reparameterised
+
+    def mode(self, params) -> torch.Tensor:
+        if self.spec.is_discrete:
+            return torch.cat([onehot_mode(lp) for lp in params], -1)
+        return params[0]
+
+    def log_prob(self, params, action: torch.Tensor) -> torch.Tensor:
+        if self.spec.is_discrete:
+            parts = action.split(self.spec.discrete, -1)
+            return sum((lp * a).sum(-1) for lp, a in zip(params, parts))
+        mean, std = params
+        return torch.distributions.Normal(mean, std).log_prob(action).sum(-1)
+
+    def entropy(self, params) -> torch.Tensor:
+        if self.spec.is_discrete:
+            return sum(categorical_entropy(lp) for lp in params)
+        return torch.distributions.Normal(*params).entropy().sum(-1)
+
+    def forward(self, feat: torch.Tensor, explore: bool = True) -> torch.Tensor:
+        p = self.params(feat)
+        return self.sample(p) if explore else self.mode(p)
+
+
+class Critic(nn.Module):
+    """v(s): two-hot logits over symlog returns, zero-initialised output, with a slow EMA copy."""
+
+    def __init__(self, feat_dim: int, mcfg: ModelConfig):
+        super().__init__()
+        dims = mcfg.dims()
+        self.twohot = TwoHot(mcfg.num_bins, mcfg.bins_low, mcfg.bins_high)
+        self.net = Head(feat_dim, dims["dense_units"], dims["dense_layers"], mcfg.num_bins,
+                        zero=True)
+        self.slow = copy.deepcopy(self.net).requires_grad_(False)
+
+    def forward(self, feat: torch.Tensor) -> torch.Tensor:
+        return self.net(feat)
+
+    def value(self, feat: torch.Tensor, slow: bool = False) -> torch.Tensor:
+        return self.twohot.mean((self.slow if slow else self.net)(feat))
+
+    @torch.no_grad()
+    def update_slow(self, fraction: float) -> None:
+        for s, f in zip(self.slow.parameters(), self.net.parameters()):
+            s.lerp_(f, fraction)
+
+
+def actor_loss(actor: Actor, feat: torch.Tensor, action: torch.Tensor, ret: torch.Tensor,
+               value: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+               tcfg: TrainConfig):
+    """Eq. 11: REINFORCE with advantages (R - v) / max(1, S) for discrete actions (and for
+    continuous ones with continuous_grad='reinforce'); backprop of (R - sg(v)) / max(1, S)
+    through the dynamics for continuous actions. Entropy bonus; steps weighted by `weight`."""
+    params = actor.params(feat[:-1])
+    adv = (ret - value[:-1].detach()) / scale
+    if actor.spec.is_discrete or tcfg.continuous_grad == "reinforce":
+        objective = actor.log_prob(params, action[:-1].detach()) * adv.detach()
+    else:
+        objective = adv
+    ent = actor.entropy(params)
+    loss = -(weight[:-1].detach() * (objective + tcfg.entropy * ent)).mean()
+    return loss, {"actor/loss": loss, "actor/entropy": ent.mean(),
+                  "actor/advantage_mag": adv.abs().mean()}
+
+
+def critic_loss(critic: Critic, feat: torch.Tensor, ret: torch.Tensor, weight: torch.Tensor,
+                tcfg: TrainConfig):
+    """Two-hot cross-entropy toward symlog(R) plus the same toward the slow critic's mean."""
+    feat = feat[:-1].detach()
+    logits = critic(feat)
+    with torch.no_grad():
+        slow = critic.value(feat, slow=True)
+    l_ret = critic.twohot.loss(logits, ret.detach())
+    l_reg = critic.twohot.loss(logits, slow)
+    loss = (weight[:-1].detach() * (l_ret + tcfg.slow_critic_reg * l_reg)).mean()
+    return loss, {"critic/loss": loss, "critic/return_loss": l_ret.mean(),
+                  "critic/slow_reg": l_reg.mean()}

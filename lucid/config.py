@@ -1,0 +1,241 @@
+"""Typed configuration (OmegaConf structured dataclasses), model sizes and presets.
+
+The defaults are the 2023 paper's settings (arXiv 2301.04104v1). Presets only shrink what a
+CPU can afford (model size, batch, train ratio); they never change the maths. Override any key
+on the command line as `section.key=value`, e.g. `train.train_ratio=512 model.size=S`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+
+# size: (GRU units, dense units, dense layers, CNN multiplier, latent groups, latent classes)
+SIZES: dict[str, tuple[int, int, int, int, int, int]] = {
+    "nano": (16, 16, 1, 2, 4, 4),
+    "micro": (32, 32, 1, 4, 8, 8),
+    "mini": (64, 64, 1, 8, 16, 16),
+    "XXS": (128, 128, 1, 16, 32, 32),
+    "XS": (256, 256, 1, 24, 32, 32),
+    "S": (512, 512, 2, 32, 32, 32),
+    "M": (1024, 640, 3, 48, 32, 32),
+    "L": (2048, 768, 4, 64, 32, 32),
+    "XL": (4096, 1024, 5, 96, 32, 32),
+}
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"
+    num_envs: int = 1
+    asynchronous: bool = False  # gymnasium AsyncVectorEnv (one process per env) instead of Sync
+    max_episode_steps: Optional[int] = None  # override of the env's own time limit
+
+
+@dataclass
+class ModelConfig:
+    size: str = "XS"
+    # Explicit overrides of the size table (None = take it from `size`).
+    gru_units: Optional[int] = None
+    dense_units: Optional[int] = None
+    dense_layers: Optional[int] = None
+    cnn_mult: Optional[int] = None
+    latent_groups: Optional[int] = None
+    latent_classes: Optional[int] = None
+    unimix: float = 0.01
+    num_bins: int = 255
+    bins_low: float = -20.0
+    bins_high: float = 20.0
+    actor_min_std: float = 0.1
+    actor_max_std: float = 1.0
+
+    def dims(self) -> dict[str, int]:
+        if self.size not in SIZES:
+            raise ValueError(
+                f"unknown model size {self.size!r}; choose one of {', '.join(SIZES)}"
+                + _suggest(self.size, SIZES)
+            )
+        names = ("gru_units", "dense_units", "dense_layers", "cnn_mult", "latent_groups",
+                 "latent_classes")
+        out = dict(zip(names, SIZES[self.size]))
+        for n in names:
+            if getattr(self, n) is not None:
+                out[n] = getattr(self, n)
+        return out
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 16
+    batch_length: int = 64
+    horizon: int = 15
+    gamma: float = 0.997
+    lam: float = 0.95
+    train_ratio: float = 512.0  # replayed steps (B*T per update) per environment step
+    prefill: int = 5000  # random-action env steps before the first update
+    replay_capacity: int = 1_000_000
+    # world model
+    dyn_scale: float = 0.5
+    rep_scale: float = 0.1
+    free_nats: float = 1.0
+    model_lr: float = 1e-4
+    model_eps: float = 1e-8
+    model_clip: float = 1000.0
+    # actor and critic
+    actor_lr: float = 3e-5
+    actor_eps: float = 1e-5
+    actor_clip: float = 100.0
+    critic_lr: float = 3e-5
+    critic_eps: float = 1e-5
+    critic_clip: float = 100.0
+    entropy: float = 3e-4
+    slow_critic_fraction: float = 0.02
+    slow_critic_reg: float = 1.0
+    return_norm_decay: float = 0.99
+    return_norm_low: float = 5.0  # percentile
+    return_norm_high: float = 95.0  # percentile
+    return_norm_min_scale: float = 1.0  # the paper: max(1, S); RLlib uses 1e-8
+    # Continuous actions: "dynamics" backpropagates through the model (the 2023 paper);
+    # "reinforce" uses REINFORCE for them too (the 2025 paper).
+    continuous_grad: str = "dynamics"
+
+
+@dataclass
+class RunConfig:
+    steps: int = 100_000  # environment steps
+    seed: int = 0
+    device: str = "auto"
+    run_dir: Optional[str] = None
+    log_every: float = 10.0  # seconds between metric rows
+    eval_every: int = 0  # env steps between evaluations (0 = never)
+    eval_episodes: int = 5
+    checkpoint_minutes: float = 10.0
+    threads: int = 0  # torch CPU threads (0 = torch's default)
+    progress: bool = True
+
+
+@dataclass
+class Config:
+    preset: str = "default"
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+# --------------------------------------------------------------------------- presets
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The paper's settings, as published (size S unless noted in the paper's appendix).
+    "default": {},
+    "paper-cartpole": {"model": {"size": "XS"}, "train": {"train_ratio": 1024}},
+    "atari": {"model": {"size": "S"}, "train": {"train_ratio": 64}},
+    "atari100k": {"model": {"size": "S"}, "train": {"train_ratio": 1024}},
+    "dmc-proprio": {"model": {"size": "S"}, "train": {"train_ratio": 512}},
+    "dmc-vision": {"model": {"size": "S"}, "train": {"train_ratio": 512}},
+    "crafter": {"model": {"size": "XL"}, "train": {"train_ratio": 512}},
+    # Measured to learn small control tasks fastest on a 2-core CPU (see docs/presets.md).
+    "cpu-control": {
+        "env": {"num_envs": 1},
+        "model": {"size": "mini"},
+        "train": {"batch_size": 16, "batch_length": 64, "train_ratio": 128, "prefill": 1000},
+        "run": {"steps": 60_000, "threads": 2},
+    },
+}
+
+
+def _suggest(word: str, options) -> str:
+    close = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _all_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for k, v in cfg.items():
+        full = f"{prefix}{k}"
+        keys.append(full)
+        if isinstance(v, DictConfig):
+            keys += _all_keys(v, full + ".")
+    return keys
+
+
+class ConfigError(ValueError):
+    """A configuration key or value that cannot be used; the message names it and the fix."""
+
+
+def make_config(preset: str = "default", overrides: list[str] | dict | None = None,
+                **sections: Any) -> Config:
+    """Build a validated config: dataclass defaults <- preset <- sections <- dotlist overrides."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}"
+                          + _suggest(preset, PRESETS))
+    base = OmegaConf.structured(Config)
+    layers = [PRESETS[preset], {"preset": preset}, sections]
+    if isinstance(overrides, dict):
+        layers.append(overrides)
+    elif overrides:
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"override {item!r} is not of the form section.key=value "
+                                  f"(e.g. train.train_ratio=512)")
+        try:
+            layers.append(OmegaConf.from_dotlist(list(overrides)))
+        except Exception as exc:  # malformed dotlist
+            raise ConfigError(f"cannot parse overrides {overrides}: {exc}") from exc
+    cfg = base
+    for layer in layers:
+        try:
+            cfg = OmegaConf.merge(cfg, layer)
+        except (ConfigKeyError, ConfigAttributeError) as exc:
+            key = getattr(exc, "full_key", None) or str(exc)
+            raise ConfigError(f"unknown config key {key!r}"
+                              + _suggest(key, _all_keys(base))
+                              + "; list them all with `lucid config`") from None
+        except ValidationError as exc:
+            raise ConfigError(f"bad value for config key {exc.full_key!r}: {exc.msg}") from None
+    obj: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    validate(obj)
+    return obj
+
+
+def validate(cfg: Config) -> None:
+    """Refuse impossible combinations before anything runs."""
+    cfg.model.dims()  # checks the size name
+    t = cfg.train
+    checks = [
+        (cfg.env.num_envs >= 1, "env.num_envs must be >= 1"),
+        (t.batch_size >= 1 and t.batch_length >= 2, "train.batch_size >= 1 and train.batch_length >= 2"),
+        (t.horizon >= 1, "train.horizon must be >= 1"),
+        (0 < t.gamma <= 1 and 0 <= t.lam <= 1, "train.gamma in (0, 1] and train.lam in [0, 1]"),
+        (t.train_ratio > 0, "train.train_ratio must be > 0"),
+        (t.replay_capacity >= t.batch_length * cfg.env.num_envs,
+         "train.replay_capacity must hold at least one batch_length window per env"),
+        (t.continuous_grad in ("dynamics", "reinforce"),
+         "train.continuous_grad must be 'dynamics' or 'reinforce'"),
+        (cfg.run.device in ("auto", "cpu", "cuda") or cfg.run.device.startswith("cuda:"),
+         "run.device must be auto, cpu or cuda[:N]"),
+        (cfg.run.steps >= 0, "run.steps must be >= 0"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(f"invalid config: {msg}")
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def from_yaml(text: str) -> Config:
+    loaded = OmegaConf.create(text)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), loaded)
+    except (ConfigKeyError, ConfigAttributeError, ValidationError) as exc:
+        raise ConfigError(f"config file does not match this version of lucid: {exc}") from None
+    obj: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    validate(obj)
+    return obj

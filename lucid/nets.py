@@ -1,0 +1,258 @@
+"""Layers, transforms and distributions of DreamerV3 (Hafner et al. 2023, arXiv 2301.04104v1).
+
+Each concept has exactly one definition here: symlog/symexp, two-hot over 255 bins,
+unimix categoricals with straight-through samples, KL between factorised categoricals,
+the LayerNorm+SiLU dense block, the normalised GRU, and the image encoder/decoder.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LN_EPS = 1e-3  # LayerNorm epsilon of the authors' code
+
+
+# --------------------------------------------------------------------------- transforms
+
+
+def symlog(x: torch.Tensor) -> torch.Tensor:
+    """sign(x) * ln(|x| + 1)  (paper eq. 9)."""
+    return torch.sign(x) * torch.log1p(torch.abs(x))
+
+
+def symexp(x: torch.Tensor) -> torch.Tensor:
+    """Inverse of symlog: sign(x) * (exp(|x|) - 1)."""
+    return torch.sign(x) * torch.expm1(torch.abs(x))
+
+
+# --------------------------------------------------------------------------- two-hot
+
+
+class TwoHot:
+    """Two-hot encoding over `num_bins` bins uniform in [low, high] of symlog space.
+
+    `encode(y)` maps a real-valued symlog target to a (..., num_bins) vector with weight on
+    the two nearest bins (linear interpolation); targets outside the range go to the edge bin.
+    """
+
+    def __init__(self, num_bins: int = 255, low: float = -20.0, high: float = 20.0):
+        if num_bins < 2:
+            raise ValueError(f"two-hot needs at least 2 bins, got num_bins={num_bins}")
+        self.num_bins, self.low, self.high = num_bins, float(low), float(high)
+        self.step = (self.high - self.low) / (num_bins - 1)
+        self._bins: dict[tuple, torch.Tensor] = {}
+
+    def bins(self, like: torch.Tensor) -> torch.Tensor:
+        key = (like.device, like.dtype)
+        if key not in self._bins:
+            self._bins[key] = torch.linspace(
+                self.low, self.high, self.num_bins, device=like.device, dtype=like.dtype
+            )
+        return self._bins[key]
+
+    def encode(self, y: torch.Tensor) -> torch.Tensor:
+        y = y.clamp(self.low, self.high)
+        pos = (y - self.low) / self.step
+        below = pos.floor().clamp(0, self.num_bins - 2)
+        w_above = (pos - below).clamp(0.0, 1.0)
+        below = below.long()
+        out = torch.zeros(*y.shape, self.num_bins, device=y.device, dtype=y.dtype)
+        out.scatter_(-1, below.unsqueeze(-1), (1.0 - w_above).unsqueeze(-1))
+        out.scatter_add_(-1, (below + 1).unsqueeze(-1), w_above.unsqueeze(-1))
+        return out
+
+    def mean(self, logits: torch.Tensor) -> torch.Tensor:
+        """Expected value in real space: symexp(sum_i softmax(logits)_i * bin_i)."""
+        return symexp((torch.softmax(logits, -1) * self.bins(logits)).sum(-1))
+
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of the two-hot encoding of symlog(target) (target in real space)."""
+        return -(self.encode(symlog(target)) * torch.log_softmax(logits, -1)).sum(-1)
+
+
+# --------------------------------------------------------------------------- categoricals
+
+
+def unimix_logits(logits: torch.Tensor, unimix: float) -> torch.Tensor:
+    """Log-probabilities of (1 - unimix) * softmax(logits) + unimix / K over the last axis."""
+    if unimix <= 0.0:
+        return torch.log_softmax(logits, -1)
+    probs = torch.softmax(logits, -1)
+    probs = (1.0 - unimix) * probs + unimix / logits.shape[-1]
+    return torch.log(probs)
+
+
+def onehot_sample(logp: torch.Tensor, straight_through: bool = True) -> torch.Tensor:
+    """One-hot sample of Categorical(exp(logp)) over the last axis.
+
+    With `straight_through`, the gradient of the sample is the gradient of the probabilities
+    (sample + p - sg(p)), as in DreamerV2's algorithm 1.
+    """
+    probs = logp.exp()
+    # Inverse-CDF sampling: the first class whose cumulative probability exceeds u ~ U(0, 1).
+    u = torch.rand(*probs.shape[:-1], 1, device=probs.device, dtype=probs.dtype)
+    idx = (probs.detach().cumsum(-1) < u).sum(-1).clamp_(max=probs.shape[-1] - 1)
+    sample = F.one_hot(idx, probs.shape[-1]).to(probs.dtype)
+    if straight_through:
+        sample = sample + probs - probs.detach()
+    return sample
+
+
+def onehot_mode(logp: torch.Tensor) -> torch.Tensor:
+    return F.one_hot(logp.argmax(-1), logp.shape[-1]).to(logp.dtype)
+
+
+def categorical_kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) of independent categoricals (..., groups, classes), summed over groups."""
+    return (logp.exp() * (logp - logq)).sum((-2, -1))
+
+
+def categorical_entropy(logp: torch.Tensor) -> torch.Tensor:
+    return -(logp.exp() * logp).sum(-1)
+
+
+# --------------------------------------------------------------------------- initialisation
+
+
+def init_trunc_normal_(weight: torch.Tensor, fan_in: int, fan_out: int, scale: float = 1.0):
+    """Variance-scaling init with fan_avg and a truncated normal, as in the authors' code."""
+    std = math.sqrt(scale / ((fan_in + fan_out) / 2.0)) / 0.87962566103423978
+    nn.init.trunc_normal_(weight, 0.0, std, -2.0 * std, 2.0 * std)
+
+
+def linear(in_dim: int, out_dim: int, bias: bool = True, zero: bool = False) -> nn.Linear:
+    layer = nn.Linear(in_dim, out_dim, bias=bias)
+    if zero:
+        nn.init.zeros_(layer.weight)
+    else:
+        init_trunc_normal_(layer.weight, in_dim, out_dim)
+    if bias:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+# --------------------------------------------------------------------------- dense blocks
+
+
+class MLP(nn.Module):
+    """`layers` x (Linear without bias -> LayerNorm -> SiLU)."""
+
+    def __init__(self, in_dim: int, units: int, layers: int):
+        super().__init__()
+        mods: list[nn.Module] = []
+        for i in range(layers):
+            mods += [linear(in_dim if i == 0 else units, units, bias=False),
+                     nn.LayerNorm(units, eps=LN_EPS), nn.SiLU()]
+        self.net = nn.Sequential(*mods)
+        self.out_dim = units if layers else in_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class Head(nn.Module):
+    """MLP followed by an output layer (with bias); `zero` zero-initialises the output."""
+
+    def __init__(self, in_dim: int, units: int, layers: int, out_dim: int, zero: bool = False):
+        super().__init__()
+        self.mlp = MLP(in_dim, units, layers)
+        self.out = linear(self.mlp.out_dim, out_dim, zero=zero)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.mlp(x))
+
+
+class NormGRUCell(nn.Module):
+    """GRU of DreamerV3: one bias-free Linear over [x, h] to the three gates' pre-activations,
+    LayerNorm over them, reset = σ(r), candidate = tanh(reset · c), update = σ(u − 1)."""
+
+    def __init__(self, in_dim: int, units: int):
+        super().__init__()
+        self.units = units
+        self.linear = linear(in_dim + units, 3 * units, bias=False)
+        self.norm = nn.LayerNorm(3 * units, eps=LN_EPS)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        parts = self.norm(self.linear(torch.cat([x, h], -1)))
+        reset, cand, update = parts.split(self.units, -1)
+        reset = torch.sigmoid(reset)
+        cand = torch.tanh(reset * cand)
+        update = torch.sigmoid(update - 1.0)
+        return update * cand + (1.0 - update) * h
+
+
+# --------------------------------------------------------------------------- images
+
+
+class ChannelNorm(nn.Module):
+    """LayerNorm over the channel axis of an NCHW tensor."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(channels, eps=LN_EPS)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def _init_conv(conv: nn.Module, zero_bias: bool = True):
+    k = conv.kernel_size[0] * conv.kernel_size[1]
+    init_trunc_normal_(conv.weight, k * conv.in_channels, k * conv.out_channels)
+    if conv.bias is not None and zero_bias:
+        nn.init.zeros_(conv.bias)
+
+
+class ImageEncoder(nn.Module):
+    """Four stride-2 4x4 convolutions (channels 1,2,4,8 x multiplier), LayerNorm + SiLU.
+
+    Input: uint8 or float images (N, C, H, W) in [0, 255]; H and W divisible by 16.
+    Output: the flattened (N, 8·mult·H/16·W/16) feature map.
+    """
+
+    def __init__(self, in_channels: int, mult: int, height: int, width: int):
+        super().__init__()
+        if height % 16 or width % 16:
+            raise ValueError(f"image size must be divisible by 16, got {height}x{width}")
+        layers: list[nn.Module] = []
+        ch = in_channels
+        for i in range(4):
+            out = mult * 2**i
+            conv = nn.Conv2d(ch, out, 4, 2, padding=1, bias=False)
+            _init_conv(conv)
+            layers += [conv, ChannelNorm(out), nn.SiLU()]
+            ch = out
+        self.net = nn.Sequential(*layers)
+        self.out_dim = ch * (height // 16) * (width // 16)
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        return self.net(img).flatten(1)
+
+
+class ImageDecoder(nn.Module):
+    """Mirror of the encoder: Linear to a (8·mult, H/16, W/16) map, then 4 stride-2 transposed
+    convolutions; the output is the mean of a unit-variance Gaussian over pixels in [-0.5, 0.5]."""
+
+    def __init__(self, in_dim: int, out_channels: int, mult: int, height: int, width: int):
+        super().__init__()
+        self.shape = (8 * mult, height // 16, width // 16)
+        self.linear = linear(in_dim, math.prod(self.shape))
+        layers: list[nn.Module] = []
+        ch = 8 * mult
+        for i in range(3):
+            out = ch // 2
+            conv = nn.ConvTranspose2d(ch, out, 4, 2, padding=1, bias=False)
+            _init_conv(conv)
+            layers += [conv, ChannelNorm(out), nn.SiLU()]
+            ch = out
+        conv = nn.ConvTranspose2d(ch, out_channels, 4, 2, padding=1, bias=True)
+        _init_conv(conv)
+        layers.append(conv)
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, feat: torch.Tensor) -> torch.Tensor:
+        x = self.linear(feat).reshape(-1, *self.shape)
+        return self.net(x)

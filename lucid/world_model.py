@@ -1,0 +1,248 @@
+"""The world model: encoder, RSSM (sequence model, posterior, prior), reward, continue and
+decoder heads, and its loss (paper eqs. 3-5).
+
+Time convention of a batch row: obs[t] is seen, action[t] is taken after seeing it, and
+reward[t] / is_terminal[t] belong to arriving at obs[t]. The sequence model therefore builds
+h[t] from (h[t-1], z[t-1], action[t-1]); at `is_first[t]` the previous state is replaced by the
+learned initial state and the previous action by zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig, TrainConfig
+from .envs.spaces import ObsSpec
+from .nets import (MLP, Head, ImageDecoder, ImageEncoder, NormGRUCell, TwoHot, categorical_kl,
+                   linear, onehot_mode, onehot_sample, symlog, unimix_logits)
+
+
+@dataclass
+class State:
+    """Recurrent state of the RSSM for a batch: h (N, D), z (N, G, K) and the previous action."""
+
+    h: torch.Tensor
+    z: torch.Tensor
+    action: torch.Tensor
+
+    def detach(self) -> "State":
+        return State(self.h.detach(), self.z.detach(), self.action.detach())
+
+
+def image_input(img: torch.Tensor) -> torch.Tensor:
+    """uint8 (..., H, W, C) in [0, 255] -> float (..., C, H, W) in [-0.5, 0.5]."""
+    return img.float().div(255.0).sub(0.5).movedim(-1, -3)
+
+
+class Encoder(nn.Module):
+    """Vector keys -> one MLP on their symlog'd concatenation; image keys -> one CNN on their
+    channel concatenation. The embedding is the concatenation of both."""
+
+    def __init__(self, spec: ObsSpec, dims: dict[str, int]):
+        super().__init__()
+        self.spec = spec
+        self.mlp = (MLP(spec.vector_dim, dims["dense_units"], dims["dense_layers"])
+                    if spec.vectors else None)
+        self.cnn = None
+        if spec.images:
+            c, h, w = spec.image_shape
+            self.cnn = ImageEncoder(c, dims["cnn_mult"], h, w)
+        self.out_dim = (self.mlp.out_dim if self.mlp else 0) + (self.cnn.out_dim if self.cnn else 0)
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = []
+        if self.mlp is not None:
+            vec = torch.cat([obs[k].float() for k in self.spec.vectors], -1)
+            parts.append(self.mlp(symlog(vec)))
+        if self.cnn is not None:
+            img = torch.cat([image_input(obs[k]) for k in self.spec.images], -3)
+            lead = img.shape[:-3]
+            parts.append(self.cnn(img.reshape(-1, *img.shape[-3:])).reshape(*lead, -1))
+        return torch.cat(parts, -1)
+
+
+class Decoder(nn.Module):
+    """Predicts the mean of a unit-variance Gaussian for every observation key: symlog space
+    for vectors, [-0.5, 0.5] pixels for images. Loss: squared error summed over dimensions."""
+
+    def __init__(self, spec: ObsSpec, feat_dim: int, dims: dict[str, int]):
+        super().__init__()
+        self.spec = spec
+        self.mlp = (Head(feat_dim, dims["dense_units"], dims["dense_layers"], spec.vector_dim)
+                    if spec.vectors else None)
+        self.cnn = None
+        if spec.images:
+            c, h, w = spec.image_shape
+            self.cnn = ImageDecoder(feat_dim, c, dims["cnn_mult"], h, w)
+
+    def forward(self, feat: torch.Tensor) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        if self.mlp is not None:
+            vec = self.mlp(feat)
+            for k, part in zip(self.spec.vectors, vec.split(list(self.spec.vectors.values()), -1)):
+                out[k] = part
+        if self.cnn is not None:
+            lead = feat.shape[:-1]
+            img = self.cnn(feat.reshape(-1, feat.shape[-1]))
+            img = img.reshape(*lead, *img.shape[1:])
+            chans = [s[2] for s in self.spec.images.values()]
+            for k, part in zip(self.spec.images, img.split(chans, -3)):
+                out[k] = part
+        return out
+
+    def loss(self, pred: dict[str, torch.Tensor], obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        total = 0.0
+        for k, p in pred.items():
+            if k in self.spec.images:
+                target = image_input(obs[k])
+                total = total + (p - target).square().sum((-3, -2, -1))
+            else:
+                total = total + (p - symlog(obs[k].float())).square().sum(-1)
+        return total
+
+
+class WorldModel(nn.Module):
+    def __init__(self, spec: ObsSpec, action_dim: int, mcfg: ModelConfig):
+        super().__init__()
+        dims = mcfg.dims()
+        self.dims = dims
+        self.spec = spec
+        self.action_dim = action_dim
+        self.unimix = mcfg.unimix
+        D, U = dims["gru_units"], dims["dense_units"]
+        G, K = dims["latent_groups"], dims["latent_classes"]
+        self.G, self.K, self.D = G, K, D
+        self.feat_dim = D + G * K
+        self.encoder = Encoder(spec, dims)
+        # Posterior: one dense layer over [embedding, h], then the representation layer.
+        self.post_mlp = MLP(self.encoder.out_dim + D, U, 1)
+        self.post_out = linear(U, G * K)
+        # Prior (dynamics predictor) from h alone.
+        self.prior_mlp = MLP(D, U, 1)
+        self.prior_out = linear(U, G * K)
+        # Sequence model: dense layer over [z, a], then the normalised GRU.
+        self.seq_in = MLP(G * K + action_dim, U, 1)
+        self.gru = NormGRUCell(U, D)
+        self.initial_h = nn.Parameter(torch.zeros(D))
+        self.twohot = TwoHot(mcfg.num_bins, mcfg.bins_low, mcfg.bins_high)
+        self.reward = Head(self.feat_dim, U, dims["dense_layers"], mcfg.num_bins, zero=True)
+        self.cont = Head(self.feat_dim, U, dims["dense_layers"], 1)
+        self.decoder = Decoder(spec, self.feat_dim, dims)
+
+    # ------------------------------------------------------------------ RSSM pieces
+
+    def feat(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return torch.cat([h, z.flatten(-2)], -1)
+
+    def _latent_logp(self, x: torch.Tensor) -> torch.Tensor:
+        return unimix_logits(x.reshape(*x.shape[:-1], self.G, self.K), self.unimix)
+
+    def prior_logp(self, h: torch.Tensor) -> torch.Tensor:
+        return self._latent_logp(self.prior_out(self.prior_mlp(h)))
+
+    def post_logp(self, h: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
+        return self._latent_logp(self.post_out(self.post_mlp(torch.cat([embed, h], -1))))
+
+    def sequence(self, h: torch.Tensor, z: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.gru(self.seq_in(torch.cat([z.flatten(-2), action], -1)), h)
+
+    def initial(self, n: int) -> State:
+        """Learned initial state: h0 = tanh(param), z0 = mode of the prior at h0, zero action."""
+        h = torch.tanh(self.initial_h).unsqueeze(0).expand(n, -1)
+        z = onehot_mode(self.prior_logp(h))
+        return State(h, z, torch.zeros(n, self.action_dim, device=h.device, dtype=h.dtype))
+
+    def reset_where(self, state: State, is_first: torch.Tensor) -> State:
+        """Replace the state of rows with `is_first` by the initial state (zero action)."""
+        init = self.initial(is_first.shape[0])
+        m = is_first.to(state.h.dtype)
+        return State(
+            state.h * (1 - m)[:, None] + init.h * m[:, None],
+            state.z * (1 - m)[:, None, None] + init.z * m[:, None, None],
+            state.action * (1 - m)[:, None],
+        )
+
+    def obs_step(self, state: State, embed: torch.Tensor, is_first: torch.Tensor,
+                 sample: bool = True) -> tuple[State, torch.Tensor, torch.Tensor]:
+        """One filtering step: reset, h = f(h, z, a), z ~ q(z | h, embed). Returns the new state
+        (its action slot still holds the previous action), and the posterior log-probs."""
+        state = self.reset_where(state, is_first)
+        h = self.sequence(state.h, state.z, state.action)
+        logp = self.post_logp(h, embed)
+        z = onehot_sample(logp) if sample else onehot_mode(logp)
+        return State(h, z, state.action), logp, h
+
+    # ------------------------------------------------------------------ sequences
+
+    def observe(self, embed: torch.Tensor, action: torch.Tensor, is_first: torch.Tensor,
+                state: State | None = None):
+        """Filter a (B, T) batch. Without `state`, every row starts from the initial state.
+
+        Returns h (B,T,D), z (B,T,G,K), posterior and prior log-probs (B,T,G,K), final state.
+        """
+        B, T = is_first.shape
+        if state is None:
+            state = self.initial(B)
+            is_first = is_first.clone()
+            is_first[:, 0] = True
+        hs, zs, post = [], [], []
+        for t in range(T):
+            state, logp, h = self.obs_step(state, embed[:, t], is_first[:, t])
+            hs.append(h)
+            zs.append(state.z)
+            post.append(logp)
+            state = State(state.h, state.z, action[:, t])
+        h = torch.stack(hs, 1)
+        prior = self.prior_logp(h)  # all priors in one batched call
+        return h, torch.stack(zs, 1), torch.stack(post, 1), prior, state
+
+    def imagine(self, policy, h: torch.Tensor, z: torch.Tensor, horizon: int):
+        """Roll the prior forward `horizon` steps from N start states with `policy(feat) ->
+        action`. Returns feats (H+1, N, F) and actions (H+1, N, A) for steps 0..H."""
+        feats, actions = [self.feat(h, z)], []
+        for _ in range(horizon):
+            a = policy(feats[-1])
+            actions.append(a)
+            h = self.sequence(h, z, a)
+            z = onehot_sample(self.prior_logp(h))
+            feats.append(self.feat(h, z))
+        actions.append(policy(feats[-1]))
+        return torch.stack(feats), torch.stack(actions)
+
+    # ------------------------------------------------------------------ loss
+
+    def loss(self, batch: dict, tcfg: TrainConfig, state: State | None = None):
+        """World-model loss (eq. 4): L_pred + dyn_scale * L_dyn + rep_scale * L_rep, each KL
+        clipped below at `free_nats`, averaged over B and T."""
+        obs = batch["obs"]
+        embed = self.encoder(obs)
+        h, z, post, prior, last = self.observe(embed, batch["action"], batch["is_first"], state)
+        feat = self.feat(h, z)
+        recon = self.decoder(feat)
+        l_dec = self.decoder.loss(recon, obs)
+        l_rew = self.twohot.loss(self.reward(feat), batch["reward"].float())
+        cont_target = 1.0 - batch["is_terminal"].float()
+        l_con = F.binary_cross_entropy_with_logits(
+            self.cont(feat).squeeze(-1), cont_target, reduction="none")
+        kl_dyn = categorical_kl(post.detach(), prior)
+        kl_rep = categorical_kl(post, prior.detach())
+        l_dyn = kl_dyn.clamp(min=tcfg.free_nats)
+        l_rep = kl_rep.clamp(min=tcfg.free_nats)
+        total = (l_dec + l_rew + l_con + tcfg.dyn_scale * l_dyn + tcfg.rep_scale * l_rep).mean()
+        metrics = {
+            "world_model/loss": total,
+            "world_model/decoder": l_dec.mean(),
+            "world_model/reward": l_rew.mean(),
+            "world_model/continue": l_con.mean(),
+            "world_model/dyn": l_dyn.mean(),
+            "world_model/rep": l_rep.mean(),
+            "world_model/kl": kl_dyn.mean(),
+            "world_model/post_entropy": -(post.exp() * post).sum(-1).sum(-1).mean(),
+            "world_model/prior_entropy": -(prior.exp() * prior).sum(-1).sum(-1).mean(),
+        }
+        out = {"h": h, "z": z, "feat": feat, "recon": recon, "last": last}
+        return total, metrics, out
