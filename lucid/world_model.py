@@ -152,13 +152,15 @@ class WorldModel(nn.Module):
 
     def initial(self, n: int) -> State:
         """Learned initial state: h0 = tanh(param), z0 = mode of the prior at h0, zero action."""
-        h = torch.tanh(self.initial_h).unsqueeze(0).expand(n, -1)
+        h = torch.tanh(self.initial_h).unsqueeze(0)
         z = onehot_mode(self.prior_logp(h))
-        return State(h, z, torch.zeros(n, self.action_dim, device=h.device, dtype=h.dtype))
+        return State(h.expand(n, -1), z.expand(n, -1, -1),
+                     torch.zeros(n, self.action_dim, device=h.device, dtype=h.dtype))
 
-    def reset_where(self, state: State, is_first: torch.Tensor) -> State:
+    def reset_where(self, state: State, is_first: torch.Tensor, init: State | None = None
+                    ) -> State:
         """Replace the state of rows with `is_first` by the initial state (zero action)."""
-        init = self.initial(is_first.shape[0])
+        init = init if init is not None else self.initial(is_first.shape[0])
         m = is_first.to(state.h.dtype)
         return State(
             state.h * (1 - m)[:, None] + init.h * m[:, None],
@@ -167,10 +169,11 @@ class WorldModel(nn.Module):
         )
 
     def obs_step(self, state: State, embed: torch.Tensor, is_first: torch.Tensor,
-                 sample: bool = True) -> tuple[State, torch.Tensor, torch.Tensor]:
+                 sample: bool = True, init: State | None = None
+                 ) -> tuple[State, torch.Tensor, torch.Tensor]:
         """One filtering step: reset, h = f(h, z, a), z ~ q(z | h, embed). Returns the new state
         (its action slot still holds the previous action), and the posterior log-probs."""
-        state = self.reset_where(state, is_first)
+        state = self.reset_where(state, is_first, init)
         h = self.sequence(state.h, state.z, state.action)
         logp = self.post_logp(h, embed)
         z = onehot_sample(logp) if sample else onehot_mode(logp)
@@ -185,13 +188,14 @@ class WorldModel(nn.Module):
         Returns h (B,T,D), z (B,T,G,K), posterior and prior log-probs (B,T,G,K), final state.
         """
         B, T = is_first.shape
+        init = self.initial(B)  # computed once: the same for every reset in the batch
         if state is None:
-            state = self.initial(B)
+            state = init
             is_first = is_first.clone()
             is_first[:, 0] = True
         hs, zs, post = [], [], []
         for t in range(T):
-            state, logp, h = self.obs_step(state, embed[:, t], is_first[:, t])
+            state, logp, h = self.obs_step(state, embed[:, t], is_first[:, t], init=init)
             hs.append(h)
             zs.append(state.z)
             post.append(logp)

@@ -1,0 +1,31 @@
+# `make train` and `make test` do all set-up on a fresh machine (a virtualenv in .venv).
+# torch is installed first and pinned, so pip never swaps in a multi-GB CUDA build on a
+# machine without CUDA. Override with e.g. `make TORCH="torch==2.13.0" TORCH_PIP_ARGS="--index-url ..."`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup train test test-all bench clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q $(TORCH) $(TORCH_PIP_ARGS)
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(BIN)/.installed
+
+train: setup
+	$(BIN)/lucid train
+
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/python benchmarks/train_step.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,104 @@
+"""Checkpoints: atomic writes, the last K kept, safe loading with fallback.
+
+A checkpoint is `checkpoints/ckpt-<updates>.pt`, loaded with `torch.load(weights_only=True)`
+so that a file can never run code; the replay is stored beside it as `replay.npz` (numpy
+arrays, loaded without pickle).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FORMAT_VERSION = 1
+
+
+def atomic_torch_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def rng_state() -> dict:
+    return {
+        "python": _encode_py_state(random.getstate()),
+        "numpy": _encode_np_state(np.random.get_state()),
+        "torch": torch.get_rng_state(),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(_decode_py_state(state["python"]))
+    np.random.set_state(_decode_np_state(state["numpy"]))
+    torch.set_rng_state(state["torch"])
+
+
+def _encode_py_state(s):
+    return [s[0], list(s[1]), s[2]]
+
+
+def _decode_py_state(s):
+    return (s[0], tuple(s[1]), s[2])
+
+
+def _encode_np_state(s):
+    return [s[0], s[1].tolist(), int(s[2]), int(s[3]), float(s[4])]
+
+
+def _decode_np_state(s):
+    return (s[0], np.asarray(s[1], dtype=np.uint32), s[2], s[3], s[4])
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    d = Path(run_dir) / "checkpoints"
+    if not d.exists():
+        return []
+    return sorted(d.glob("ckpt-*.pt"), key=lambda p: int(p.stem.split("-")[1]))
+
+
+def save_checkpoint(run_dir: Path, payload: dict, keep: int = 3) -> Path:
+    d = Path(run_dir) / "checkpoints"
+    d.mkdir(parents=True, exist_ok=True)
+    payload = {"format_version": FORMAT_VERSION, **payload}
+    path = d / f"ckpt-{payload['counters']['updates']:09d}.pt"
+    atomic_torch_save(payload, path)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_checkpoint(path: Path, map_location="cpu") -> dict:
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ValueError(f"refused to load {path}: it contains objects other than tensors "
+                         f"and plain data (loading it could run code): {exc}") from None
+    if not isinstance(payload, dict) or payload.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path} is not a lucid checkpoint of format {FORMAT_VERSION}")
+    return payload
+
+
+def load_latest(run_dir: Path, map_location="cpu") -> tuple[dict, Path]:
+    """Newest loadable checkpoint; a truncated or corrupt newer one is skipped with a warning."""
+    ckpts = list_checkpoints(run_dir)
+    if not ckpts:
+        raise FileNotFoundError(f"no checkpoints in {Path(run_dir) / 'checkpoints'}")
+    errors = []
+    for path in reversed(ckpts):
+        try:
+            return load_checkpoint(path, map_location), path
+        except Exception as exc:  # corrupt or truncated: fall back to the previous one
+            if "refused to load" in str(exc):
+                raise
+            errors.append(f"{path.name}: {exc}")
+            warnings.warn(f"checkpoint {path} is unreadable ({exc}); trying the previous one")
+    raise ValueError("no readable checkpoint in " + str(run_dir) + ": " + "; ".join(errors))

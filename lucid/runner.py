@@ -1,0 +1,103 @@
+"""Collect experience from a gymnasium vector environment into the replay.
+
+Step convention (see world_model.py): the record of step t holds obs[t], the action taken after
+seeing it, the reward and termination of arriving at obs[t], and `is_first`/`is_last`. With
+gymnasium's next-step autoreset, the call after an episode's last step returns the next
+episode's first observation; that record gets `is_first` and reward 0. A time-limit
+truncation sets `is_last` without `is_terminal`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from .envs.spaces import ActionSpec, ObsSpec
+
+
+@dataclass
+class Episode:
+    ret: float
+    length: int
+
+
+@dataclass
+class Collector:
+    env_fns: list[Callable[[], gym.Env]]
+    obs_spec: ObsSpec
+    act_spec: ActionSpec
+    asynchronous: bool = False
+    seed: int = 0
+    envs: gym.vector.VectorEnv = field(init=False)
+
+    def __post_init__(self):
+        cls = gym.vector.AsyncVectorEnv if self.asynchronous else gym.vector.SyncVectorEnv
+        self.envs = cls(self.env_fns, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+        self.n = self.envs.num_envs
+        self.envs.action_space.seed(self.seed)
+        obs, _ = self.envs.reset(seed=self.seed)
+        self.obs = self.obs_spec.convert(obs, (self.n,))
+        self.reward = np.zeros(self.n, np.float32)
+        self.is_first = np.ones(self.n, bool)
+        self.is_last = np.zeros(self.n, bool)
+        self.is_terminal = np.zeros(self.n, bool)
+        self.state = None
+        self.ep_return = np.zeros(self.n)
+        self.ep_length = np.zeros(self.n, np.int64)
+
+    def step(self, agent=None, explore: bool = True) -> tuple[dict, list[Episode]]:
+        """One vector step. `agent=None` takes uniformly random actions (prefill).
+        Returns the record of the current step (for the replay) and finished episodes."""
+        if agent is None:
+            env_action = self.envs.action_space.sample()
+            model_action = self.act_spec.from_env(env_action)
+        else:
+            obs = {k: torch.as_tensor(v, device=agent.device) for k, v in self.obs.items()}
+            obs["is_first"] = torch.as_tensor(self.is_first, device=agent.device)
+            action, self.state = agent.policy(obs, self.state, explore=explore)
+            model_action = action.cpu().numpy()
+            env_action = self.act_spec.to_env(model_action)
+        record = {f"obs/{k}": v for k, v in self.obs.items()}
+        record.update(action=model_action, reward=self.reward, is_first=self.is_first,
+                      is_last=self.is_last, is_terminal=self.is_terminal)
+
+        finished = []
+        for i in np.flatnonzero(self.is_last):
+            finished.append(Episode(float(self.ep_return[i]), int(self.ep_length[i])))
+        self.ep_return[self.is_last] = 0.0
+        self.ep_length[self.is_last] = 0
+
+        obs, reward, term, trunc, _ = self.envs.step(env_action)
+        reward = np.asarray(reward, np.float32)
+        if not np.all(np.isfinite(reward)):
+            raise ValueError("the environment returned a NaN or Inf reward")
+        self.is_first = self.is_last.copy()  # next-step autoreset: these envs just reset
+        self.obs = self.obs_spec.convert(obs, (self.n,))
+        self.reward = np.where(self.is_first, 0.0, reward).astype(np.float32)
+        self.is_terminal = np.asarray(term, bool) & ~self.is_first
+        self.is_last = (np.asarray(term, bool) | np.asarray(trunc, bool)) & ~self.is_first
+        self.ep_return += self.reward
+        self.ep_length += ~self.is_first
+        return record, finished
+
+    def close(self):
+        self.envs.close()
+
+
+def evaluate(agent, env_fn: Callable[[], gym.Env], obs_spec: ObsSpec, act_spec: ActionSpec,
+             episodes: int, explore: bool = False, seed: int = 10_000,
+             num_envs: int = 1) -> list[Episode]:
+    """Run `episodes` full episodes with the agent's greedy (or sampled) policy."""
+    col = Collector([env_fn] * num_envs, obs_spec, act_spec, seed=seed)
+    done: list[Episode] = []
+    try:
+        while len(done) < episodes:
+            _, finished = col.step(agent, explore=explore)
+            done += finished
+    finally:
+        col.close()
+    return done[:episodes]

@@ -1,0 +1,213 @@
+"""The training loop (the paper's algorithm box):
+
+    prefill the replay with random actions
+    repeat until `run.steps` environment steps:
+        step the vector env with the policy, store the step in the replay
+        while updates < (env steps since prefill) · train_ratio / (B·T):
+            sample B windows of length T, update world model, actor, critic
+        log, evaluate and checkpoint on their schedules
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import checkpoint as ckpt
+from .agent import Agent
+from .config import Config, from_yaml, to_yaml
+from .envs import ActionSpec, ObsSpec, env_fn, make_env
+from .logger import Logger
+from .replay import Replay, to_batch
+from .runner import Collector, evaluate
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError("run.device=cuda but torch sees no CUDA device; use --device cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def default_run_dir(cfg: Config) -> Path:
+    name = cfg.env.id.replace(":", "-").replace("/", "-")
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-s{cfg.run.seed}"
+
+
+def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
+    env = make_env(cfg.env.id, cfg.env.max_episode_steps)
+    try:
+        return ObsSpec.from_space(env.observation_space), ActionSpec.from_space(env.action_space)
+    finally:
+        env.close()
+
+
+class Trainer:
+    """Owns the agent, replay, collector and counters of one run directory."""
+
+    def __init__(self, cfg: Config, run_dir: Path | str | None = None, resume: bool = False):
+        self.run_dir = Path(run_dir or cfg.run.run_dir or default_run_dir(cfg))
+        if resume:
+            path = self.run_dir / "config.yaml"
+            if not path.exists():
+                raise FileNotFoundError(f"cannot resume: {path} does not exist")
+            saved = from_yaml(path.read_text())
+            saved.run.steps = max(saved.run.steps, cfg.run.steps) if cfg.run.steps else saved.run.steps
+            cfg = saved
+        self.cfg = cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        seed_everything(cfg.run.seed)
+        self.device = resolve_device(cfg.run.device)
+        self.obs_spec, self.act_spec = spaces_of(cfg)
+        self.agent = Agent(self.obs_spec, self.act_spec, cfg, self.device)
+        t = cfg.train
+        self.replay = Replay.for_spaces(self.obs_spec, self.act_spec.dim, t.replay_capacity,
+                                        cfg.env.num_envs, seed=cfg.run.seed)
+        self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0}
+        if resume:
+            self._restore()
+        fns = [env_fn(cfg.env.id, cfg.env.max_episode_steps)] * cfg.env.num_envs
+        self.collector = Collector(fns, self.obs_spec, self.act_spec, cfg.env.asynchronous,
+                                   seed=cfg.run.seed + 1000 * self.counters["updates"])
+        self.recent: list[float] = []
+        self._stop = False
+
+    # ------------------------------------------------------------------ persistence
+
+    def save(self) -> Path:
+        self.replay.save(self.run_dir / "replay.npz")
+        payload = {
+            "agent": self.agent.state_dict(),
+            "counters": dict(self.counters),
+            "rng": ckpt.rng_state(),
+            "replay_rng": self.replay.rng.bit_generator.state,
+            "config": to_yaml(self.cfg),
+        }
+        return ckpt.save_checkpoint(self.run_dir, payload)
+
+    def _restore(self) -> None:
+        payload, path = ckpt.load_latest(self.run_dir, self.device)
+        self.agent.load_state_dict(payload["agent"])
+        self.counters.update(payload["counters"])
+        ckpt.set_rng_state(payload["rng"])
+        replay_path = self.run_dir / "replay.npz"
+        if replay_path.exists():
+            self.replay.load(replay_path)
+            self.replay.rng.bit_generator.state = payload["replay_rng"]
+        print(f"resumed from {path} at {self.counters['env_steps']} env steps, "
+              f"{self.counters['updates']} updates")
+
+    # ------------------------------------------------------------------ loop
+
+    def updates_due(self) -> int:
+        t = self.cfg.train
+        since = self.counters["env_steps"] - t.prefill
+        if since <= 0:
+            return 0
+        return math.floor(since * t.train_ratio / (t.batch_size * t.batch_length))
+
+    def _handle_signal(self, signum, frame):
+        self._stop = True
+
+    def run(self) -> Path:
+        cfg, t, c = self.cfg, self.cfg.train, self.counters
+        logger = Logger(self.run_dir, progress=cfg.run.progress, total_steps=cfg.run.steps,
+                        start_steps=c["env_steps"])
+        old_handlers = {s: signal.signal(s, self._handle_signal)
+                        for s in (signal.SIGINT, signal.SIGTERM)}
+        start = time.time() - c["wall_time"]
+        last_log = last_ckpt = time.time()
+        log_steps, log_updates = c["env_steps"], c["updates"]
+        sums: dict[str, torch.Tensor] = {}
+        n_sums = 0
+        next_eval = (c["env_steps"] // cfg.run.eval_every + 1) * cfg.run.eval_every \
+            if cfg.run.eval_every else None
+        try:
+            while c["env_steps"] < cfg.run.steps and not self._stop:
+                policy = None if c["env_steps"] < t.prefill else self.agent
+                record, finished = self.collector.step(policy)
+                self.replay.add(record)
+                c["env_steps"] += self.collector.n
+                for ep in finished:
+                    c["episodes"] += 1
+                    self.recent = (self.recent + [ep.ret])[-10:]
+                    logger.episode({"env_steps": c["env_steps"], "return": ep.ret,
+                                    "length": ep.length, "wall_time": time.time() - start,
+                                    "eval": False})
+                while c["updates"] < self.updates_due() and self.replay.can_sample(t.batch_length):
+                    batch = to_batch(self.replay.sample(t.batch_size, t.batch_length), self.device)
+                    metrics = self.agent.train_step(batch)
+                    for k, v in metrics.items():
+                        sums[k] = sums[k] + v.detach() if k in sums else v.detach()
+                    n_sums += 1
+                    c["updates"] += 1
+                now = time.time()
+                c["wall_time"] = now - start
+                if now - last_log >= cfg.run.log_every:
+                    row = self._row(sums, n_sums, now - last_log, log_steps, log_updates)
+                    logger.metrics(row)
+                    sums, n_sums = {}, 0
+                    last_log, log_steps, log_updates = now, c["env_steps"], c["updates"]
+                if next_eval is not None and c["env_steps"] >= next_eval:
+                    self._evaluate(logger, start)
+                    next_eval += cfg.run.eval_every
+                if now - last_ckpt >= cfg.run.checkpoint_minutes * 60:
+                    self.save()
+                    last_ckpt = now
+            c["wall_time"] = time.time() - start
+            if n_sums:
+                logger.metrics(self._row(sums, n_sums, time.time() - last_log, log_steps,
+                                         log_updates))
+            self.save()
+        finally:
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
+            logger.close()
+            self.collector.close()
+        return self.run_dir
+
+    def _row(self, sums, n, dt, log_steps, log_updates) -> dict:
+        c = self.counters
+        row = {"env_steps": c["env_steps"], "updates": c["updates"], "episodes": c["episodes"],
+               "wall_time": round(c["wall_time"], 2),
+               "perf/env_steps_per_s": (c["env_steps"] - log_steps) / max(dt, 1e-9),
+               "perf/updates_per_s": (c["updates"] - log_updates) / max(dt, 1e-9),
+               "replay/steps": len(self.replay)}
+        if n:
+            keys = list(sums)
+            vals = (torch.stack([sums[k].float() for k in keys]) / n).cpu().tolist()
+            row.update(dict(zip(keys, vals)))
+        if self.recent:
+            row["episode/return_recent"] = float(np.mean(self.recent))
+        return row
+
+    def _evaluate(self, logger: Logger, start: float) -> None:
+        cfg = self.cfg
+        for explore in (False, True):
+            eps = evaluate(self.agent, env_fn(cfg.env.id, cfg.env.max_episode_steps),
+                           self.obs_spec, self.act_spec, cfg.run.eval_episodes, explore=explore,
+                           seed=cfg.run.seed + 10_000 + self.counters["env_steps"])
+            for ep in eps:
+                logger.episode({"env_steps": self.counters["env_steps"], "return": ep.ret,
+                                "length": ep.length, "wall_time": time.time() - start,
+                                "eval": True, "policy": "sampled" if explore else "greedy"})
+
+
+def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) -> Path:
+    return Trainer(cfg, run_dir, resume).run()

@@ -1,0 +1,30 @@
+"""Tiny deterministic environments for tests."""
+
+import gymnasium as gym
+import numpy as np
+
+
+class CountEnv(gym.Env):
+    """obs = [step index, episode index]; reward = step index; terminates after `length`
+    steps (when `terminate`), else runs until a TimeLimit truncates it."""
+
+    def __init__(self, length: int = 3, terminate: bool = True):
+        self.observation_space = gym.spaces.Box(-1e6, 1e6, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.length, self.terminate = length, terminate
+        self.t, self.episode = 0, -1
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.episode += 1
+        return np.array([self.t, self.episode], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.terminate and self.t >= self.length
+        return np.array([self.t, self.episode], np.float32), float(self.t), done, False, {}
+
+
+def truncating_env():
+    return gym.wrappers.TimeLimit(CountEnv(length=100, terminate=False), max_episode_steps=4)

@@ -1,0 +1,132 @@
+import numpy as np
+import pytest
+
+from lucid.envs import ActionSpec, ObsSpec
+from lucid.replay import Replay, to_batch
+from lucid.runner import Collector
+
+from envs_for_tests import CountEnv, truncating_env
+
+
+def _replay(capacity, num_envs, seed=0):
+    fields = {"obs/vector": ((1,), np.float32), "action": ((1,), np.float32),
+              "reward": ((), np.float32), "is_first": ((), bool), "is_last": ((), bool),
+              "is_terminal": ((), bool)}
+    return Replay(capacity, num_envs, fields, seed)
+
+
+def _fill(rep, steps, num_envs):
+    for t in range(steps):
+        rep.add({"obs/vector": np.array([[t + 1000 * e] for e in range(num_envs)], np.float32),
+                 "action": np.zeros((num_envs, 1), np.float32),
+                 "reward": np.full(num_envs, t, np.float32),
+                 "is_first": np.full(num_envs, t % 7 == 0), "is_last": np.zeros(num_envs, bool),
+                 "is_terminal": np.zeros(num_envs, bool)})
+
+
+def test_windows_are_contiguous_and_evicted_steps_never_return():
+    rep = _replay(capacity=2 * 50, num_envs=2)
+    _fill(rep, 130, 2)  # 80 steps per env evicted
+    assert len(rep) == 100
+    s = rep.sample(256, 10)
+    steps = s["reward"]
+    assert np.all(np.diff(steps, axis=1) == 1)  # in order, no wrap-around seams
+    assert steps.min() >= 80 and steps.max() <= 129
+    env = (s["obs/vector"][..., 0] - steps) / 1000
+    assert np.all(env == env[:, :1])  # a window never mixes environments
+    assert set(np.unique(env)) == {0.0, 1.0}
+
+
+def test_sampling_is_uniform_over_all_windows():
+    rep = _replay(capacity=2 * 40, num_envs=2, seed=1)
+    _fill(rep, 40, 2)
+    T, n = 8, 66_000
+    s = rep.sample(n, T)
+    env = ((s["obs/vector"][:, 0, 0] - s["reward"][:, 0]) / 1000).astype(int)
+    start = s["reward"][:, 0].astype(int)
+    cells = env * (40 - T + 1) + start  # 2 x 33 possible windows
+    counts = np.bincount(cells, minlength=66)
+    expected = n / 66
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    # 65 degrees of freedom: the 99.9% quantile of chi-square(65) is about 107.
+    assert chi2 < 107, chi2
+
+
+def test_windows_cross_episode_boundaries():
+    rep = _replay(capacity=200, num_envs=1)
+    _fill(rep, 200, 1)
+    s = rep.sample(500, 16)
+    assert s["is_first"][:, 1:].any()  # episodes start inside windows, not only at their start
+
+
+def test_save_load_round_trip(tmp_path):
+    rep = _replay(capacity=2 * 30, num_envs=2, seed=3)
+    _fill(rep, 47, 2)
+    rep.save(tmp_path / "r.npz")
+    other = _replay(capacity=2 * 30, num_envs=2, seed=3)
+    other.load(tmp_path / "r.npz")
+    assert other.count == rep.count and len(other) == len(rep)
+    a, b = rep.sample(64, 5), other.sample(64, 5)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_load_refuses_other_spaces(tmp_path):
+    rep = _replay(capacity=20, num_envs=1)
+    _fill(rep, 10, 1)
+    rep.save(tmp_path / "r.npz")
+    fields = dict(rep.fields)
+    fields["obs/image"] = ((8, 8, 3), np.uint8)
+    other = Replay(20, 1, fields)
+    with pytest.raises(ValueError, match="obs/image"):
+        other.load(tmp_path / "r.npz")
+
+
+def test_images_stay_uint8_and_batches_keep_dtype():
+    obs = ObsSpec(images={"image": (16, 16, 3)}, vectors={"state": 2})
+    rep = Replay.for_spaces(obs, 3, capacity=100, num_envs=1)
+    assert rep.data["obs/image"].dtype == np.uint8
+    assert rep.data["obs/image"].nbytes == 100 * 16 * 16 * 3
+
+
+def _collect(env_fns, steps):
+    import gymnasium as gym
+    probe = env_fns[0]()
+    col = Collector(env_fns, ObsSpec.from_space(probe.observation_space),
+                    ActionSpec.from_space(probe.action_space))
+    records = [col.step(None)[0] for _ in range(steps)]
+    col.close()
+    return records
+
+
+def test_terminal_and_first_flags_flow_from_env_to_records():
+    recs = _collect([lambda: CountEnv(length=3)], 9)
+    t = [int(r["obs/vector"][0, 0]) for r in recs]
+    assert t == [0, 1, 2, 3, 0, 1, 2, 3, 0]
+    assert [bool(r["is_first"][0]) for r in recs] == [1, 0, 0, 0, 1, 0, 0, 0, 1]
+    assert [bool(r["is_terminal"][0]) for r in recs] == [0, 0, 0, 1, 0, 0, 0, 1, 0]
+    assert [bool(r["is_last"][0]) for r in recs] == [0, 0, 0, 1, 0, 0, 0, 1, 0]
+    # reward[t] belongs to arriving at obs[t]; a reset step has reward 0
+    assert [float(r["reward"][0]) for r in recs] == [0, 1, 2, 3, 0, 1, 2, 3, 0]
+
+
+def test_truncation_is_last_but_not_terminal():
+    recs = _collect([truncating_env, truncating_env], 7)
+    for e in range(2):
+        assert [bool(r["is_last"][e]) for r in recs] == [0, 0, 0, 0, 1, 0, 0]
+        assert not any(bool(r["is_terminal"][e]) for r in recs)
+        assert [bool(r["is_first"][e]) for r in recs] == [1, 0, 0, 0, 0, 1, 0]
+
+
+def test_batches_from_replay_carry_the_flags():
+    import torch
+    recs = _collect([lambda: CountEnv(length=3)], 40)
+    probe = CountEnv()
+    rep = Replay.for_spaces(ObsSpec.from_space(probe.observation_space), 2, 100, 1)
+    for r in recs:
+        rep.add(r)
+    batch = to_batch(rep.sample(32, 8), torch.device("cpu"))
+    t = batch["obs"]["vector"][..., 0]
+    assert torch.equal(batch["is_first"], t == 0)
+    assert torch.equal(batch["is_terminal"], t == 3)
+    assert torch.equal(batch["reward"], t)
