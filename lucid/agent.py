@@ -99,31 +99,49 @@ class Agent:
         metrics["world_model/grad_norm"] = self._step(self.opt_wm, wm_loss, wm.parameters(),
                                                       t.model_clip)
 
-        # 2. Imagine from every posterior state (start states carry no gradient).
+        # 2. Imagine from every posterior state (start states carry no gradient). The actor
+        #    sees sg(feat); its distribution parameters are kept for its loss.
         h = out["h"].detach().reshape(-1, wm.D)
         z = out["z"].detach().reshape(-1, wm.G, wm.K)
         start_cont = 1.0 - batch["is_terminal"].reshape(-1).float()
         dynamics_grad = not self.act_spec.is_discrete and t.continuous_grad == "dynamics"
-        with frozen(wm, critic):
-            with torch.set_grad_enabled(dynamics_grad):
-                feat, action = wm.imagine(lambda f: actor(f.detach()), h, z, t.horizon)
-                # 3. Dreamed rewards (mean), continues (mode), values -> λ-returns (real space).
-                reward = wm.twohot.mean(wm.reward(feat))
-                cont = (wm.cont(feat).squeeze(-1) > 0).float()
-                cont = torch.cat([start_cont[None], cont[1:]], 0)
+        params = []
+
+        def policy(f):
+            with torch.enable_grad():
+                p = actor.params(f.detach())
+                a = actor.sample(p)
+            params.append(p)
+            return a if dynamics_grad else a.detach()
+
+        with frozen(wm), torch.set_grad_enabled(dynamics_grad):
+            feat, action = wm.imagine(policy, h, z, t.horizon)
+            # 3. Dreamed rewards (mean), continues (mode) and values -> λ-returns (real space).
+            reward = wm.twohot.mean(wm.reward(feat))
+            cont = (wm.cont(feat).squeeze(-1) > 0).float()
+            cont = torch.cat([start_cont[None], cont[1:]], 0)
+        critic_logits = critic(feat[:-1].detach())  # for the critic loss
+        if dynamics_grad:  # values must pass gradients to the imagined states
+            with frozen(critic):
                 value = critic.value(feat)
-                ret = lambda_return(reward, cont, value, t.gamma, t.lam)
-                weight = imagined_weights(cont, t.gamma).detach()
-            self.retnorm.update(ret)
-            scale = self.retnorm.scale()
-            # 4. Actor (its inputs are detached inside imagination; gradients reach only it).
-            a_loss, a_metrics = actor_loss(actor, feat, action, ret, value, weight, scale, t)
+        else:
+            with torch.no_grad():
+                value = torch.cat([critic.twohot.mean(critic_logits.detach()),
+                                   critic.value(feat[-1:])])
+        ret = lambda_return(reward, cont, value, t.gamma, t.lam)
+        weight = imagined_weights(cont, t.gamma).detach()
+        self.retnorm.update(ret)
+        scale = self.retnorm.scale()
+
+        # 4. Actor: gradients reach only its parameters (world model and critic are frozen).
+        a_loss, a_metrics = actor_loss(actor, actor.stack(params), action, ret, value, weight,
+                                       scale, t)
         metrics.update(a_metrics)
         metrics["actor/grad_norm"] = self._step(self.opt_actor, a_loss, actor.parameters(),
                                                 t.actor_clip)
 
-        # 5. Critic, then its slow copy.
-        c_loss, c_metrics = critic_loss(critic, feat, ret, weight, t)
+        # 5. Critic on detached imagined states, then its slow copy.
+        c_loss, c_metrics = critic_loss(critic, critic_logits, feat[:-1], ret, weight, t)
         metrics.update(c_metrics)
         metrics["critic/grad_norm"] = self._step(self.opt_critic, c_loss,
                                                  critic.net.parameters(), t.critic_clip)

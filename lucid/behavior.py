@@ -97,6 +97,11 @@ class Actor(nn.Module):
             return sum(categorical_entropy(lp) for lp in params)
         return torch.distributions.Normal(*params).entropy().sum(-1)
 
+    @staticmethod
+    def stack(params: list):
+        """Stack per-step distribution parameters along a new leading (time) axis."""
+        return [torch.stack(parts) for parts in zip(*params)]
+
     def forward(self, feat: torch.Tensor, explore: bool = True) -> torch.Tensor:
         p = self.params(feat)
         return self.sample(p) if explore else self.mode(p)
@@ -125,31 +130,30 @@ class Critic(nn.Module):
             s.lerp_(f, fraction)
 
 
-def actor_loss(actor: Actor, feat: torch.Tensor, action: torch.Tensor, ret: torch.Tensor,
+def actor_loss(actor: Actor, params, action: torch.Tensor, ret: torch.Tensor,
                value: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                tcfg: TrainConfig):
-    """Eq. 11: REINFORCE with advantages (R - v) / max(1, S) for discrete actions (and for
-    continuous ones with continuous_grad='reinforce'); backprop of (R - sg(v)) / max(1, S)
-    through the dynamics for continuous actions. Entropy bonus; steps weighted by `weight`."""
-    params = actor.params(feat[:-1])
+    """Eq. 11 over imagined steps 0..H-1 (`params` and `action` of those steps; `ret` (H, N);
+    `value` and `weight` (H+1, N)). REINFORCE with advantages (R - v) / max(1, S) for discrete
+    actions (and for continuous ones with continuous_grad='reinforce'); backprop of
+    (R - sg(v)) / max(1, S) through the dynamics for continuous actions. Entropy bonus."""
     adv = (ret - value[:-1].detach()) / scale
     if actor.spec.is_discrete or tcfg.continuous_grad == "reinforce":
-        objective = actor.log_prob(params, action[:-1].detach()) * adv.detach()
+        objective = actor.log_prob(params, action.detach()) * adv.detach()
     else:
         objective = adv
     ent = actor.entropy(params)
     loss = -(weight[:-1].detach() * (objective + tcfg.entropy * ent)).mean()
     return loss, {"actor/loss": loss, "actor/entropy": ent.mean(),
-                  "actor/advantage_mag": adv.abs().mean()}
+                  "actor/advantage_mag": adv.detach().abs().mean()}
 
 
-def critic_loss(critic: Critic, feat: torch.Tensor, ret: torch.Tensor, weight: torch.Tensor,
-                tcfg: TrainConfig):
-    """Two-hot cross-entropy toward symlog(R) plus the same toward the slow critic's mean."""
-    feat = feat[:-1].detach()
-    logits = critic(feat)
+def critic_loss(critic: Critic, logits: torch.Tensor, feat: torch.Tensor, ret: torch.Tensor,
+                weight: torch.Tensor, tcfg: TrainConfig):
+    """Two-hot cross-entropy of the critic's `logits` at imagined steps 0..H-1 toward
+    symlog(R), plus the same toward the slow critic's mean at `feat` (regulariser)."""
     with torch.no_grad():
-        slow = critic.value(feat, slow=True)
+        slow = critic.value(feat.detach(), slow=True)
     l_ret = critic.twohot.loss(logits, ret.detach())
     l_reg = critic.twohot.loss(logits, slow)
     loss = (weight[:-1].detach() * (l_ret + tcfg.slow_critic_reg * l_reg)).mean()

@@ -15,6 +15,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 
+class ConfigError(ValueError):
+    """A configuration key or value that cannot be used; the message names it and the fix."""
+
+
 # size: (GRU units, dense units, dense layers, CNN multiplier, latent groups, latent classes)
 SIZES: dict[str, tuple[int, int, int, int, int, int]] = {
     "nano": (16, 16, 1, 2, 4, 4),
@@ -56,8 +60,8 @@ class ModelConfig:
 
     def dims(self) -> dict[str, int]:
         if self.size not in SIZES:
-            raise ValueError(
-                f"unknown model size {self.size!r}; choose one of {', '.join(SIZES)}"
+            raise ConfigError(
+                f"unknown model.size {self.size!r}; choose one of {', '.join(SIZES)}"
                 + _suggest(self.size, SIZES)
             )
         names = ("gru_units", "dense_units", "dense_layers", "cnn_mult", "latent_groups",
@@ -117,6 +121,8 @@ class RunConfig:
     checkpoint_minutes: float = 10.0
     threads: int = 0  # torch CPU threads (0 = torch's default)
     progress: bool = True
+    time_limit: float = 0.0  # minutes of wall time, then stop with a checkpoint (0 = none)
+    target_return: Optional[float] = None  # stop once the mean of the last 10 returns reaches it
 
 
 @dataclass
@@ -162,10 +168,6 @@ def _all_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
         if isinstance(v, DictConfig):
             keys += _all_keys(v, full + ".")
     return keys
-
-
-class ConfigError(ValueError):
-    """A configuration key or value that cannot be used; the message names it and the fix."""
 
 
 def make_config(preset: str = "default", overrides: list[str] | dict | None = None,

@@ -49,9 +49,13 @@ class TwoHot:
     def bins(self, like: torch.Tensor) -> torch.Tensor:
         key = (like.device, like.dtype)
         if key not in self._bins:
-            self._bins[key] = torch.linspace(
-                self.low, self.high, self.num_bins, device=like.device, dtype=like.dtype
-            )
+            if self.low == -self.high and self.num_bins % 2:
+                # Exactly symmetric bins with an exact 0 in the middle.
+                half = torch.linspace(0.0, self.high, self.num_bins // 2 + 1, dtype=torch.float64)
+                bins = torch.cat([-half.flip(0)[:-1], half])
+            else:
+                bins = torch.linspace(self.low, self.high, self.num_bins, dtype=torch.float64)
+            self._bins[key] = bins.to(device=like.device, dtype=like.dtype)
         return self._bins[key]
 
     def encode(self, y: torch.Tensor) -> torch.Tensor:
@@ -66,8 +70,15 @@ class TwoHot:
         return out
 
     def mean(self, logits: torch.Tensor) -> torch.Tensor:
-        """Expected value in real space: symexp(sum_i softmax(logits)_i * bin_i)."""
-        return symexp((torch.softmax(logits, -1) * self.bins(logits)).sum(-1))
+        """Expected value in real space: symexp(sum_i softmax(logits)_i * bin_i). Mirrored bins
+        are summed pairwise, so equal logits give exactly 0 (as in the authors' code)."""
+        weighted = torch.softmax(logits, -1) * self.bins(logits)
+        m = self.num_bins // 2
+        if self.num_bins % 2 and self.low == -self.high:
+            avg = weighted[..., m] + (weighted[..., :m].flip(-1) + weighted[..., m + 1:]).sum(-1)
+        else:
+            avg = weighted.sum(-1)
+        return symexp(avg)
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of the two-hot encoding of symlog(target) (target in real space)."""

@@ -139,7 +139,7 @@ class Trainer:
         next_eval = (c["env_steps"] // cfg.run.eval_every + 1) * cfg.run.eval_every \
             if cfg.run.eval_every else None
         try:
-            while c["env_steps"] < cfg.run.steps and not self._stop:
+            while c["env_steps"] < cfg.run.steps and not self._stop and not self._done(start):
                 policy = None if c["env_steps"] < t.prefill else self.agent
                 record, finished = self.collector.step(policy)
                 self.replay.add(record)
@@ -181,6 +181,14 @@ class Trainer:
             logger.close()
             self.collector.close()
         return self.run_dir
+
+    def _done(self, start: float) -> bool:
+        """Stop early on the run's time limit or once the target return is reached."""
+        run = self.cfg.run
+        if run.time_limit and time.time() - start >= run.time_limit * 60:
+            return True
+        return (run.target_return is not None and len(self.recent) >= 10
+                and float(np.mean(self.recent)) >= run.target_return)
 
     def _row(self, sums, n, dt, log_steps, log_updates) -> dict:
         c = self.counters

@@ -206,7 +206,7 @@ class WorldModel(nn.Module):
 
     def imagine(self, policy, h: torch.Tensor, z: torch.Tensor, horizon: int):
         """Roll the prior forward `horizon` steps from N start states with `policy(feat) ->
-        action`. Returns feats (H+1, N, F) and actions (H+1, N, A) for steps 0..H."""
+        action`. Returns feats (H+1, N, F) of steps 0..H and actions (H, N, A) of steps 0..H-1."""
         feats, actions = [self.feat(h, z)], []
         for _ in range(horizon):
             a = policy(feats[-1])
@@ -214,7 +214,6 @@ class WorldModel(nn.Module):
             h = self.sequence(h, z, a)
             z = onehot_sample(self.prior_logp(h))
             feats.append(self.feat(h, z))
-        actions.append(policy(feats[-1]))
         return torch.stack(feats), torch.stack(actions)
 
     # ------------------------------------------------------------------ loss
