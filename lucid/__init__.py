@@ -1,0 +1,13 @@
+"""lucid: DreamerV3 world-model agents in PyTorch."""
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):  # lazy, so `import lucid.nets` stays light
+    if name == "Dreamer":
+        from .api import Dreamer
+        return Dreamer
+    raise AttributeError(name)
+
+
+__all__ = ["Dreamer", "__version__"]

@@ -117,9 +117,11 @@ class Agent:
         with frozen(wm), torch.set_grad_enabled(dynamics_grad):
             feat, action = wm.imagine(policy, h, z, t.horizon)
             # 3. Dreamed rewards (mean), continues (mode) and values -> λ-returns (real space).
-            reward = wm.twohot.mean(wm.reward(feat))
-            cont = (wm.cont(feat).squeeze(-1) > 0).float()
-            cont = torch.cat([start_cont[None], cont[1:]], 0)
+            # Step 0's reward is never used and its continue is known from the replay.
+            reward = wm.twohot.mean(wm.reward(feat[1:]))
+            reward = torch.cat([torch.zeros_like(reward[:1]), reward], 0)
+            cont = (wm.cont(feat[1:]).squeeze(-1) > 0).float()
+            cont = torch.cat([start_cont[None], cont], 0)
         critic_logits = critic(feat[:-1].detach())  # for the critic loss
         if dynamics_grad:  # values must pass gradients to the imagined states
             with frozen(critic):
@@ -155,7 +157,7 @@ class Agent:
             "actor/return_scale": scale.detach(),
             "critic/return_mean": ret_d.mean(),
             "critic/value_mean": value[:-1].detach().mean(),
-            "world_model/imagined_reward_mean": reward.detach().mean(),
+            "world_model/imagined_reward_mean": reward[1:].detach().mean(),
             "world_model/imagined_continue_mean": cont.mean(),
         })
         return metrics

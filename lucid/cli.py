@@ -63,7 +63,10 @@ def train(
         raise typer.Exit(2)
     typer.echo(f"run directory: {trainer.run_dir}  (preset {trainer.cfg.preset}, "
                f"size {trainer.cfg.model.size}, {trainer.cfg.run.steps} env steps)")
-    trainer.run()
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
     typer.echo(f"done: {trainer.counters}")
 
 

@@ -179,8 +179,10 @@ class Trainer:
             for s, h in old_handlers.items():
                 signal.signal(s, h)
             logger.close()
-            self.collector.close()
         return self.run_dir
+
+    def close(self) -> None:
+        self.collector.close()
 
     def _done(self, start: float) -> bool:
         """Stop early on the run's time limit or once the target return is reached."""
@@ -218,4 +220,8 @@ class Trainer:
 
 
 def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False) -> Path:
-    return Trainer(cfg, run_dir, resume).run()
+    trainer = Trainer(cfg, run_dir, resume)
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()

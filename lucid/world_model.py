@@ -194,12 +194,17 @@ class WorldModel(nn.Module):
             is_first = is_first.clone()
             is_first[:, 0] = True
         hs, zs, post = [], [], []
+        resets = is_first.any(0).tolist()  # skip the reset arithmetic at steps without one
         for t in range(T):
-            state, logp, h = self.obs_step(state, embed[:, t], is_first[:, t], init=init)
+            if resets[t]:
+                state = self.reset_where(state, is_first[:, t], init)
+            h = self.sequence(state.h, state.z, state.action)
+            logp = self.post_logp(h, embed[:, t])
+            z = onehot_sample(logp)
             hs.append(h)
-            zs.append(state.z)
+            zs.append(z)
             post.append(logp)
-            state = State(state.h, state.z, action[:, t])
+            state = State(h, z, action[:, t])
         h = torch.stack(hs, 1)
         prior = self.prior_logp(h)  # all priors in one batched call
         return h, torch.stack(zs, 1), torch.stack(post, 1), prior, state

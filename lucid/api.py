@@ -1,0 +1,88 @@
+"""A small stable-baselines-like Python API over the trainer.
+
+    from lucid import Dreamer
+    agent = Dreamer("CartPole-v1", preset="cpu-control")
+    agent.learn(20_000)
+    action, state = agent.predict(obs)            # one env (no batch axis) or a batch
+    agent.save("cartpole.pt"); agent = Dreamer.load("cartpole.pt")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .checkpoint import atomic_torch_save, load_checkpoint, FORMAT_VERSION
+from .config import from_yaml, make_config, to_yaml
+from .envs import env_fn
+from .runner import evaluate
+from .train import Trainer
+
+
+class Dreamer:
+    def __init__(self, env: str, preset: str = "default", size: str | None = None,
+                 run_dir: str | Path | None = None, **overrides: Any):
+        """`overrides` are config keys as section__key=value (e.g. train__train_ratio=64)
+        or nested dicts per section (train={"train_ratio": 64})."""
+        sections: dict = {"env": {"id": env}}
+        for key, val in overrides.items():
+            if isinstance(val, dict):
+                sections.setdefault(key, {}).update(val)
+            else:
+                sec, _, name = key.partition("__")
+                sections.setdefault(sec, {})[name] = val
+        if size:
+            sections.setdefault("model", {})["size"] = size
+        sections.setdefault("run", {}).setdefault("progress", False)
+        self.cfg = make_config(preset, **sections)
+        self.trainer = Trainer(self.cfg, run_dir)
+        self.agent = self.trainer.agent
+
+    def learn(self, total_env_steps: int) -> "Dreamer":
+        self.trainer.cfg.run.steps = self.trainer.counters["env_steps"] + total_env_steps
+        self.trainer.run()
+        return self
+
+    def predict(self, obs, state=None, deterministic: bool = False):
+        """Action(s) for one observation (no batch axis) or a batch; returns (action, state)."""
+        spec = self.trainer.obs_spec
+        first = next(iter(obs.values())) if isinstance(obs, dict) else obs
+        key = next(iter(spec.images or spec.vectors))
+        single_shape = spec.images.get(key) or (spec.vectors[key],)
+        batched = np.asarray(first).ndim > len(single_shape) or (
+            key in spec.discrete and np.asarray(first).ndim == 1)
+        if not batched:
+            obs = ({k: np.asarray(v)[None] for k, v in obs.items()} if isinstance(obs, dict)
+                   else np.asarray(obs)[None])
+        n = len(next(iter(obs.values())) if isinstance(obs, dict) else obs)
+        arrays = spec.convert(obs, (n,))
+        tensors = {k: torch.as_tensor(v, device=self.agent.device) for k, v in arrays.items()}
+        action, state = self.agent.policy(tensors, state, explore=not deterministic)
+        env_action = self.trainer.act_spec.to_env(action.cpu().numpy())
+        return (env_action if batched else env_action[0]), state
+
+    def evaluate(self, episodes: int = 10, deterministic: bool = True) -> list[float]:
+        eps = evaluate(self.agent, env_fn(self.cfg.env.id, self.cfg.env.max_episode_steps),
+                       self.trainer.obs_spec, self.trainer.act_spec, episodes,
+                       explore=not deterministic)
+        return [e.ret for e in eps]
+
+    def save(self, path: str | Path) -> None:
+        atomic_torch_save({"format_version": FORMAT_VERSION, "config": to_yaml(self.cfg),
+                           "agent": self.agent.state_dict(),
+                           "counters": dict(self.trainer.counters)}, Path(path))
+
+    @classmethod
+    def load(cls, path: str | Path, run_dir: str | Path | None = None) -> "Dreamer":
+        payload = load_checkpoint(Path(path))
+        cfg = from_yaml(payload["config"])
+        self = cls.__new__(cls)
+        self.cfg = cfg
+        self.trainer = Trainer(cfg, run_dir)
+        self.trainer.agent.load_state_dict(payload["agent"])
+        self.trainer.counters.update(payload.get("counters", {}))
+        self.agent = self.trainer.agent
+        return self

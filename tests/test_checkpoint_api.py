@@ -1,0 +1,71 @@
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from lucid import Dreamer
+from lucid.checkpoint import list_checkpoints, load_checkpoint, load_latest
+from lucid.train import Trainer
+from lucid.config import make_config
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/lucid_pwned_marker",))
+
+
+def test_malicious_checkpoint_runs_nothing(tmp_path):
+    marker = "/tmp/lucid_pwned_marker"
+    if os.path.exists(marker):
+        os.remove(marker)
+    path = tmp_path / "ckpt-000000001.pt"
+    torch.save({"format_version": 1, "payload": _Exploit()}, path)
+    with pytest.raises(ValueError, match="refused to load"):
+        load_checkpoint(path)
+    assert not os.path.exists(marker)
+
+
+def _small_cfg(tmp_path, steps=50):
+    return make_config(
+        "default", env={"id": "CartPole-v1"}, model={"size": "nano"},
+        train={"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 20,
+               "train_ratio": 16},
+        run={"steps": steps, "progress": False, "run_dir": str(tmp_path)})
+
+
+def test_truncated_newest_checkpoint_falls_back_to_previous(tmp_path):
+    tr = Trainer(_small_cfg(tmp_path, 40))
+    tr.run()
+    first = tr.save()
+    tr.counters["updates"] += 1  # a newer checkpoint name
+    newest = tr.save()
+    assert list_checkpoints(tmp_path)[-1] == newest
+    data = newest.read_bytes()
+    newest.write_bytes(data[: len(data) // 3])
+    with pytest.warns(UserWarning, match="unreadable"):
+        payload, path = load_latest(tmp_path)
+    assert path == first
+    assert payload["counters"]["updates"] == tr.counters["updates"] - 1
+
+
+def test_dreamer_api_learn_predict_save_load(tmp_path):
+    agent = Dreamer("CartPole-v1", size="nano", run_dir=tmp_path / "run",
+                    train={"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 20,
+                           "train_ratio": 16})
+    agent.learn(40)
+    assert agent.trainer.counters["env_steps"] == 40
+    agent.learn(20)
+    assert agent.trainer.counters["env_steps"] == 60
+    obs = np.array([0.01, -0.02, 0.03, 0.0], np.float32)
+    action, state = agent.predict(obs, deterministic=True)
+    assert int(action) in (0, 1)
+    actions, _ = agent.predict(np.stack([obs, obs, obs]), deterministic=True)
+    assert actions.shape == (3,)
+    agent.save(tmp_path / "a.pt")
+    again = Dreamer.load(tmp_path / "a.pt", run_dir=tmp_path / "run2")
+    a2, _ = again.predict(obs, deterministic=True)
+    assert int(a2) == int(action)
+    for p, q in zip(agent.agent.wm.parameters(), again.agent.wm.parameters()):
+        assert torch.equal(p, q)
