@@ -151,7 +151,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu-control": {
         "env": {"num_envs": 1},
         "model": {"size": "mini"},
-        "train": {"batch_size": 16, "batch_length": 32, "train_ratio": 64, "prefill": 1000,
+        "train": {"batch_size": 8, "batch_length": 32, "train_ratio": 32, "prefill": 1000,
                   "model_lr": 3e-4, "actor_lr": 3e-4, "critic_lr": 3e-4},
         "run": {"steps": 30_000},
     },

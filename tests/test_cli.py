@@ -1,0 +1,37 @@
+import json
+
+from typer.testing import CliRunner
+
+from lucid.cli import app
+
+runner = CliRunner()
+
+
+def test_unknown_config_key_is_refused_with_the_closest_key():
+    r = runner.invoke(app, ["config", "train.batch_sise=4"])
+    assert r.exit_code == 2
+    assert "train.batch_sise" in r.output and "train.batch_size" in r.output
+
+
+def test_unknown_env_is_refused_with_a_suggestion(tmp_path):
+    r = runner.invoke(app, ["train", "CartPol-v1", "--run-dir", str(tmp_path)])
+    assert r.exit_code == 2
+    assert "CartPole-v1" in r.output
+
+
+def test_train_then_eval_then_resume(tmp_path):
+    args = ["train", "CartPole-v1", "--size", "nano", "--steps", "40", "--run-dir", str(tmp_path),
+            "train.prefill=20", "train.batch_size=2", "train.batch_length=8",
+            "train.horizon=3", "train.train_ratio=16", "run.progress=false"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    cfg = (tmp_path / "config.yaml").read_text()
+    assert "batch_length: 8" in cfg and "size: nano" in cfg
+    r = runner.invoke(app, ["eval", str(tmp_path), "--episodes", "2"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output.strip().splitlines()[-1])
+    assert out["episodes"] == 2 and len(out["returns"]) == 2
+    r = runner.invoke(app, ["train", "--resume", str(tmp_path), "--steps", "60"])
+    assert r.exit_code == 0, r.output
+    last = json.loads((tmp_path / "metrics.jsonl").read_text().strip().splitlines()[-1])
+    assert last["env_steps"] == 60
