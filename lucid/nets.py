@@ -108,7 +108,7 @@ def onehot_sample(logp: torch.Tensor, straight_through: bool = True) -> torch.Te
     u = torch.rand(*probs.shape[:-1], 1, device=probs.device, dtype=probs.dtype)
     idx = (probs.detach().cumsum(-1) < u).sum(-1).clamp_(max=probs.shape[-1] - 1)
     sample = F.one_hot(idx, probs.shape[-1]).to(probs.dtype)
-    if straight_through:
+    if straight_through and probs.requires_grad:  # exact one-hots when no gradient is needed
         sample = sample + probs - probs.detach()
     return sample
 
