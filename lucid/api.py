@@ -17,8 +17,6 @@ import torch
 
 from .checkpoint import atomic_torch_save, load_checkpoint, FORMAT_VERSION
 from .config import from_yaml, make_config, to_yaml
-from .envs import env_fn
-from .runner import evaluate
 from .train import Trainer
 
 
@@ -65,10 +63,7 @@ class Dreamer:
         return (env_action if batched else env_action[0]), state
 
     def evaluate(self, episodes: int = 10, deterministic: bool = True) -> list[float]:
-        eps = evaluate(self.agent, env_fn(self.cfg.env.id, self.cfg.env.max_episode_steps),
-                       self.trainer.obs_spec, self.trainer.act_spec, episodes,
-                       explore=not deterministic)
-        return [e.ret for e in eps]
+        return [e.ret for e in self.trainer.evaluate(episodes, explore=not deterministic)]
 
     def save(self, path: str | Path) -> None:
         atomic_torch_save({"format_version": FORMAT_VERSION, "config": to_yaml(self.cfg),

@@ -74,17 +74,13 @@ def train(
 def eval_cmd(run_dir: str, episodes: int = typer.Option(10), sampled: bool = False):
     """Evaluate the newest checkpoint of RUN_DIR (greedy policy unless --sampled)."""
     from .train import Trainer
-    from .runner import evaluate
-    from .envs import env_fn
     try:
         trainer = Trainer(make_config("default", run={"steps": 0}), run_dir, resume=True)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2)
     trainer.collector.close()
-    cfg = trainer.cfg
-    eps = evaluate(trainer.agent, env_fn(cfg.env.id, cfg.env.max_episode_steps),
-                   trainer.obs_spec, trainer.act_spec, episodes, explore=sampled)
+    eps = trainer.evaluate(episodes, explore=sampled)
     rets = [e.ret for e in eps]
     typer.echo(json.dumps({"episodes": len(rets), "mean_return": sum(rets) / len(rets),
                            "returns": rets}))

@@ -207,12 +207,17 @@ class Trainer:
             row["episode/return_recent"] = float(np.mean(self.recent))
         return row
 
-    def _evaluate(self, logger: Logger, start: float) -> None:
+    def evaluate(self, episodes: int, explore: bool = False, seed: int | None = None):
+        """Full episodes in a fresh env of this run with the greedy (or sampled) policy."""
         cfg = self.cfg
+        return evaluate(self.agent, env_fn(cfg.env.id, cfg.env.max_episode_steps),
+                        self.obs_spec, self.act_spec, episodes, explore=explore,
+                        seed=cfg.run.seed + 10_000 if seed is None else seed)
+
+    def _evaluate(self, logger: Logger, start: float) -> None:
         for explore in (False, True):
-            eps = evaluate(self.agent, env_fn(cfg.env.id, cfg.env.max_episode_steps),
-                           self.obs_spec, self.act_spec, cfg.run.eval_episodes, explore=explore,
-                           seed=cfg.run.seed + 10_000 + self.counters["env_steps"])
+            eps = self.evaluate(self.cfg.run.eval_episodes, explore,
+                                seed=self.cfg.run.seed + 10_000 + self.counters["env_steps"])
             for ep in eps:
                 logger.episode({"env_steps": self.counters["env_steps"], "return": ep.ret,
                                 "length": ep.length, "wall_time": time.time() - start,

@@ -168,12 +168,14 @@ class WorldModel(nn.Module):
             state.action * (1 - m)[:, None],
         )
 
-    def obs_step(self, state: State, embed: torch.Tensor, is_first: torch.Tensor,
+    def obs_step(self, state: State, embed: torch.Tensor, is_first: torch.Tensor | None,
                  sample: bool = True, init: State | None = None
                  ) -> tuple[State, torch.Tensor, torch.Tensor]:
         """One filtering step: reset, h = f(h, z, a), z ~ q(z | h, embed). Returns the new state
-        (its action slot still holds the previous action), and the posterior log-probs."""
-        state = self.reset_where(state, is_first, init)
+        (its action slot still holds the previous action), and the posterior log-probs.
+        `is_first=None` means no row starts an episode (the reset is skipped)."""
+        if is_first is not None:
+            state = self.reset_where(state, is_first, init)
         h = self.sequence(state.h, state.z, state.action)
         logp = self.post_logp(h, embed)
         z = onehot_sample(logp) if sample else onehot_mode(logp)
@@ -196,15 +198,12 @@ class WorldModel(nn.Module):
         hs, zs, post = [], [], []
         resets = is_first.any(0).tolist()  # skip the reset arithmetic at steps without one
         for t in range(T):
-            if resets[t]:
-                state = self.reset_where(state, is_first[:, t], init)
-            h = self.sequence(state.h, state.z, state.action)
-            logp = self.post_logp(h, embed[:, t])
-            z = onehot_sample(logp)
+            state, logp, h = self.obs_step(state, embed[:, t],
+                                           is_first[:, t] if resets[t] else None, init=init)
             hs.append(h)
-            zs.append(z)
+            zs.append(state.z)
             post.append(logp)
-            state = State(h, z, action[:, t])
+            state = State(h, state.z, action[:, t])
         h = torch.stack(hs, 1)
         prior = self.prior_logp(h)  # all priors in one batched call
         return h, torch.stack(zs, 1), torch.stack(post, 1), prior, state
