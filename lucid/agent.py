@@ -54,6 +54,7 @@ class Agent:
         self.opt_actor = _adam(self.actor.parameters(), t.actor_lr, t.actor_eps)
         self.opt_critic = _adam(self.critic.net.parameters(), t.critic_lr, t.critic_eps)
         self.updates = 0
+        self.skipped = 0  # optimiser steps skipped for non-finite losses or gradients
 
     # ------------------------------------------------------------------ acting
 
@@ -83,16 +84,25 @@ class Agent:
     # ------------------------------------------------------------------ learning
 
     def _step(self, opt: torch.optim.Optimizer, loss: torch.Tensor, params, clip: float):
+        """Backward, clip and step; a non-finite loss or gradient skips the step (the
+        parameters and optimiser state stay as they were) and is counted."""
         opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
-        opt.step()
+        ok = bool(torch.isfinite(norm)) and bool(torch.isfinite(loss))  # one sync per optimiser
+        if ok:
+            opt.step()
+        else:
+            self.skipped += 1
+        opt.zero_grad(set_to_none=True)
+        self.last_step_ok = ok
         return norm
 
     def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
         """One update of all three components; returns metrics as 0-d tensors (no syncs)."""
         t = self.config.train
         wm, actor, critic = self.wm, self.actor, self.critic
+        skipped_before = self.skipped
 
         # 1. World model.
         wm_loss, metrics, out = wm.loss(batch, t)
@@ -147,8 +157,10 @@ class Agent:
         metrics.update(c_metrics)
         metrics["critic/grad_norm"] = self._step(self.opt_critic, c_loss,
                                                  critic.net.parameters(), t.critic_clip)
-        critic.update_slow(t.slow_critic_fraction)
+        if self.last_step_ok:
+            critic.update_slow(t.slow_critic_fraction)
         self.updates += 1
+        metrics["train/nonfinite_steps"] = torch.tensor(float(self.skipped - skipped_before))
 
         ret_d = ret.detach()
         metrics.update({

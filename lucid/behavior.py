@@ -46,8 +46,9 @@ class ReturnNorm(nn.Module):
     @torch.no_grad()
     def update(self, returns: torch.Tensor) -> None:
         lo, hi = torch.quantile(returns.detach().flatten().float(), self.q.to(returns.device))
-        self.low.mul_(self.decay).add_((1 - self.decay) * lo)
-        self.high.mul_(self.decay).add_((1 - self.decay) * hi)
+        ok = torch.isfinite(lo) & torch.isfinite(hi)  # a non-finite batch leaves the EMA as is
+        self.low.copy_(torch.where(ok, self.decay * self.low + (1 - self.decay) * lo, self.low))
+        self.high.copy_(torch.where(ok, self.decay * self.high + (1 - self.decay) * hi, self.high))
 
     def scale(self) -> torch.Tensor:
         return torch.clamp(self.high - self.low, min=self.min_scale)

@@ -1,8 +1,8 @@
 """Checkpoints: atomic writes, the last K kept, safe loading with fallback.
 
 A checkpoint is `checkpoints/ckpt-<updates>.pt`, loaded with `torch.load(weights_only=True)`
-so that a file can never run code; the replay is stored beside it as `replay.npz` (numpy
-arrays, loaded without pickle).
+so that a file can never run code; the replay is persisted beside it as append-only chunk files in
+`replay/` (numpy arrays, loaded without pickle; see lucid/replay.py).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import signal
 import warnings
 from pathlib import Path
 
@@ -20,12 +21,31 @@ FORMAT_VERSION = 1
 
 
 def atomic_torch_save(obj, path: Path) -> None:
+    """Write to a temporary file, flush, fsync, then rename: readers see the old file or the
+    complete new one, never a partial one."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         torch.save(obj, f)
         f.flush()
+        if os.environ.get("LUCID_TEST_KILL_IN_CHECKPOINT"):  # fault injection for tests
+            f.truncate(f.tell() // 2)
+            os.kill(os.getpid(), signal.SIGKILL)
         os.fsync(f.fileno())
     tmp.replace(path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def rng_state() -> dict:
@@ -73,6 +93,8 @@ def save_checkpoint(run_dir: Path, payload: dict, keep: int = 3) -> Path:
     atomic_torch_save(payload, path)
     for old in list_checkpoints(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
+    for stale in d.glob("*.tmp"):  # left by a run killed while writing
+        stale.unlink(missing_ok=True)
     return path
 
 

@@ -39,6 +39,7 @@ class EnvConfig:
     num_envs: int = 1
     asynchronous: bool = False  # gymnasium AsyncVectorEnv (one process per env) instead of Sync
     max_episode_steps: Optional[int] = None  # override of the env's own time limit
+    max_restarts: int = 10  # an env raising in step/reset is rebuilt up to this many times
 
 
 @dataclass
@@ -82,7 +83,11 @@ class TrainConfig:
     lam: float = 0.95
     train_ratio: float = 512.0  # replayed steps (B*T per update) per environment step
     prefill: int = 5000  # random-action env steps before the first update
-    replay_capacity: int = 1_000_000
+    replay_capacity: int = 1_000_000  # steps over all envs
+    replay_max_gb: float = 0.0  # also cap the replay at this many GB (0 = no cap)
+    replay_memmap: bool = False  # keep the replay in memory-mapped files (capacity > RAM)
+    replay_chunk: int = 1024  # steps per env in each append-only replay file on disk
+    max_nonfinite: int = 10  # stop (with a checkpoint) after this many bad updates in a row
     # world model
     dyn_scale: float = 0.5
     rep_scale: float = 0.1
@@ -119,6 +124,10 @@ class RunConfig:
     eval_every: int = 0  # env steps between evaluations (0 = never)
     eval_episodes: int = 5
     checkpoint_minutes: float = 10.0
+    checkpoint_every: int = 0  # also checkpoint every this many env steps (0 = by time only)
+    keep_checkpoints: int = 3
+    video_every: int = 0  # env steps between eval + dream videos in TensorBoard (0 = never)
+    videos: bool = True  # `lucid train` ends with curves.png, videos and report.html
     threads: int = 0  # torch CPU threads (0 = torch's default)
     progress: bool = True
     time_limit: float = 0.0  # minutes of wall time, then stop with a checkpoint (0 = none)
@@ -225,6 +234,13 @@ def validate(cfg: Config) -> None:
         (cfg.run.device in ("auto", "cpu", "cuda") or cfg.run.device.startswith("cuda:"),
          "run.device must be auto, cpu or cuda[:N]"),
         (cfg.run.steps >= 0, "run.steps must be >= 0"),
+        (min(t.model_lr, t.actor_lr, t.critic_lr) >= 0, "learning rates must be >= 0"),
+        (0 <= cfg.model.unimix < 1, "model.unimix must be in [0, 1)"),
+        (t.prefill >= 0 and t.replay_max_gb >= 0, "train.prefill and train.replay_max_gb >= 0"),
+        (t.replay_chunk >= 1 and t.max_nonfinite >= 1,
+         "train.replay_chunk and train.max_nonfinite must be >= 1"),
+        (cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1"),
+        (cfg.env.max_restarts >= 0, "env.max_restarts must be >= 0"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -61,7 +61,7 @@ class TwoHot:
     def encode(self, y: torch.Tensor) -> torch.Tensor:
         y = y.clamp(self.low, self.high)
         pos = (y - self.low) / self.step
-        below = pos.floor().clamp(0, self.num_bins - 2)
+        below = pos.floor().nan_to_num(0.0).clamp(0, self.num_bins - 2)  # NaN stays in the weights
         w_above = (pos - below).clamp(0.0, 1.0)
         below = below.long()
         out = torch.zeros(*y.shape, self.num_bins, device=y.device, dtype=y.dtype)

@@ -4,34 +4,77 @@ Each environment's steps are kept in order in its own ring buffer (FIFO eviction
 own dtype (uint8 images stay uint8, stored once). `sample(B, T)` draws windows uniformly over
 every stored contiguous window of every env; windows cross episode boundaries, where the next
 episode starts with `is_first`. Sampling costs O(B·T), independent of capacity.
+
+Persistence is incremental: with a `directory`, steps are appended to it as chunk files
+(`chunk-<first>-<end>.npz`, numpy arrays written atomically, never rewritten) every
+`chunk_length` steps and on `flush()`. `restore()` rebuilds the ring buffer from the newest
+contiguous run of chunks, so a checkpoint never rewrites the whole replay and a killed run
+keeps every chunk that reached the disk. Chunks whose steps were all evicted are deleted.
+With `memmap=True` the ring buffer itself lives in memory-mapped files in `directory/ring/`,
+so its capacity can exceed RAM.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 import torch
 
 FLAGS = ("is_first", "is_last", "is_terminal")
+_CHUNK = re.compile(r"chunk-(\d+)-(\d+)\.npz$")
+
+
+def _atomic_savez(path: Path, arrays: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
 
 
 class Replay:
     def __init__(self, capacity: int, num_envs: int, fields: dict[str, tuple[tuple, np.dtype]],
-                 seed: int = 0):
+                 seed: int = 0, directory: str | Path | None = None, chunk_length: int = 1024,
+                 memmap: bool = False, max_bytes: int = 0):
         """`fields` maps names (observation keys as `obs/<key>`, `action`, `reward`, flags)
-        to (shape, dtype) of one step; `capacity` counts steps over all envs."""
+        to (shape, dtype) of one step; `capacity` counts steps over all envs, and `max_bytes`
+        (if set) lowers it to what fits in that many bytes."""
         self.num_envs = num_envs
-        self.per_env = max(1, capacity // num_envs)
         self.fields = {k: (tuple(s), np.dtype(d)) for k, (s, d) in fields.items()}
-        self.data = {k: np.zeros((num_envs, self.per_env, *s), d) for k, (s, d) in self.fields.items()}
+        if max_bytes:
+            capacity = min(capacity, int(max_bytes) // max(1, self.step_bytes))
+        self.per_env = max(1, capacity // num_envs)
+        self.directory = Path(directory) if directory is not None else None
+        self.chunk_length = chunk_length
+        if memmap and self.directory is None:
+            raise ValueError("a memory-mapped replay needs a directory for its files")
+        self.data = {k: self._array(k, (num_envs, self.per_env, *s), d, memmap)
+                     for k, (s, d) in self.fields.items()}
         self.pos = 0  # next write slot (same for all envs: they step together)
         self.count = 0  # steps written per env, ever
+        self.persisted = 0  # steps per env already written to chunk files
         self.rng = np.random.default_rng(seed)
 
+    @property
+    def step_bytes(self) -> int:
+        """Bytes of one step of one env."""
+        return sum(int(np.prod(s, dtype=np.int64)) * d.itemsize for s, d in self.fields.values())
+
+    def _array(self, name, shape, dtype, memmap):
+        if not memmap:
+            return np.zeros(shape, dtype)
+        ring = self.directory / "ring"
+        ring.mkdir(parents=True, exist_ok=True)
+        path = ring / (name.replace("/", "__") + ".npy")
+        return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+
     @classmethod
-    def for_spaces(cls, obs_spec, action_dim: int, capacity: int, num_envs: int, seed: int = 0):
+    def for_spaces(cls, obs_spec, action_dim: int, capacity: int, num_envs: int, seed: int = 0,
+                   **kwargs):
         fields: dict[str, tuple[tuple, np.dtype]] = {}
         for k, shape in obs_spec.images.items():
             fields[f"obs/{k}"] = (shape, np.uint8)
@@ -41,7 +84,7 @@ class Replay:
         fields["reward"] = ((), np.float32)
         for f in FLAGS:
             fields[f] = ((), np.bool_)
-        return cls(capacity, num_envs, fields, seed)
+        return cls(capacity, num_envs, fields, seed, **kwargs)
 
     def __len__(self) -> int:
         return min(self.count, self.per_env) * self.num_envs
@@ -56,6 +99,8 @@ class Replay:
             arr[:, self.pos] = step[k]
         self.pos = (self.pos + 1) % self.per_env
         self.count += 1
+        if self.directory is not None and self.count - self.persisted >= self.chunk_length:
+            self.flush()
 
     def can_sample(self, length: int) -> bool:
         return min(self.count, self.per_env) >= length
@@ -77,37 +122,106 @@ class Replay:
 
     # ------------------------------------------------------------------ persistence
 
+    def _ordered(self, first: int, end: int) -> dict[str, np.ndarray]:
+        """Steps [first, end) (per-env step numbers, all still stored) in order."""
+        slots = (self.pos - (self.count - first) + np.arange(end - first)) % self.per_env
+        return {k: np.asarray(a[:, slots]) for k, a in self.data.items()}
+
+    def flush(self) -> Path | None:
+        """Append the steps added since the last flush to a new chunk file."""
+        if self.directory is None or self.count == self.persisted:
+            return None
+        first = max(self.persisted, self.count - self.per_env)  # older ones were evicted
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"chunk-{first:012d}-{self.count:012d}.npz"
+        _atomic_savez(path, self._ordered(first, self.count))
+        self.persisted = self.count
+        for old, (_, end) in self._chunks():
+            if end <= self.count - self.per_env:  # every step in it was evicted
+                old.unlink(missing_ok=True)
+        return path
+
+    def _chunks(self) -> list[tuple[Path, tuple[int, int]]]:
+        if self.directory is None or not self.directory.exists():
+            return []
+        found = []
+        for f in self.directory.iterdir():
+            m = _CHUNK.match(f.name)
+            if m:
+                found.append((f, (int(m.group(1)), int(m.group(2)))))
+        return sorted(found, key=lambda x: x[1])
+
+    def restore(self) -> int:
+        """Rebuild the buffer from the newest contiguous run of chunk files (unreadable chunks
+        end the run). Returns the number of steps per env restored."""
+        chunks = self._chunks()
+        run: list[tuple[Path, int, int]] = []
+        for path, (first, end) in reversed(chunks):
+            if run and end != run[-1][1]:
+                break  # a gap: older chunks belong to steps that were never contiguous
+            run.append((path, first, end))
+            if run[0][2] - first >= self.per_env:
+                break
+        self.pos = self.count = self.persisted = 0
+        loaded = []
+        run = run[::-1]  # oldest first
+        for i, (path, first, end) in enumerate(run):
+            try:
+                with np.load(path, allow_pickle=False) as f:
+                    arrays = {k: f[k] for k in f.files}
+            except Exception as exc:  # noqa: BLE001 - torn or corrupt file
+                # The stream ends before it: set it and anything newer aside (kept, renamed).
+                for bad, _, _ in run[i:]:
+                    bad.replace(bad.with_name(bad.name + ".corrupt"))
+                print(f"warning: replay chunk {path.name} is unreadable ({exc}); restored the "
+                      f"steps before it and renamed it and newer chunks to *.corrupt")
+                break
+            loaded.append((first, end, self._check(path, arrays)))
+        if not loaded:
+            return 0
+        start = loaded[0][0]
+        self.count = start
+        self.pos = start % self.per_env
+        for first, end, arrays in loaded:
+            n = end - first
+            keep = min(n, self.per_env)
+            slots = (self.pos + np.arange(n - keep, n)) % self.per_env
+            for k, a in self.data.items():
+                a[:, slots] = arrays[k][:, n - keep:]
+            self.count = end
+            self.pos = end % self.per_env
+        self.persisted = self.count
+        return min(self.count - start, self.per_env)
+
+    def _check(self, path, arrays: dict) -> dict:
+        for k, a in self.data.items():
+            if k not in arrays:
+                raise ValueError(f"replay file {path} lacks field {k!r}; it was written for "
+                                 f"other observation/action spaces (does not fit)")
+            src = arrays[k]
+            if src.shape[0] != self.num_envs or src.shape[2:] != a.shape[2:]:
+                raise ValueError(f"replay file {path} field {k!r} has shape {src.shape}, which "
+                                 f"does not fit ({self.num_envs}, *, {a.shape[2:]})")
+        return arrays
+
     def save(self, path: str | Path) -> None:
-        """Write the stored steps (oldest first) to an .npz file, atomically."""
-        path = Path(path)
+        """Export the stored steps (oldest first) to one .npz file, atomically."""
         stored = min(self.count, self.per_env)
-        order = (self.pos - stored + np.arange(stored)) % self.per_env
-        arrays = {k: a[:, order] for k, a in self.data.items()}
-        tmp = path.with_suffix(".tmp.npz")
-        with open(tmp, "wb") as f:
-            np.savez(f, __count__=np.int64(self.count), **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
+        _atomic_savez(Path(path), {"__count__": np.int64(self.count),
+                                   **self._ordered(self.count - stored, self.count)})
 
     def load(self, path: str | Path) -> None:
+        """Import a file written by `save` (oldest steps dropped if it exceeds capacity)."""
         with np.load(path, allow_pickle=False) as f:
-            for k in self.data:
-                if k not in f:
-                    raise ValueError(f"replay file {path} lacks field {k!r}; it was written "
-                                     f"for other observation/action spaces")
-            stored = f[next(iter(self.data))].shape[1]
-            keep = min(stored, self.per_env)
-            for k, a in self.data.items():
-                src = f[k]
-                if src.shape[0] != self.num_envs or src.shape[2:] != a.shape[2:]:
-                    raise ValueError(f"replay file field {k!r} has shape {src.shape}, which "
-                                     f"does not fit ({self.num_envs}, *, {a.shape[2:]})")
-                a[:, :keep] = src[:, stored - keep:]
-            self.count = int(f["__count__"])
-        self.pos = keep % self.per_env
-        if self.count < keep:
-            self.count = keep
+            arrays = self._check(path, {k: f[k] for k in f.files})
+            count = int(arrays["__count__"])
+        stored = arrays[next(iter(self.data))].shape[1]
+        keep = min(stored, self.per_env)
+        for k, a in self.data.items():
+            a[:, :keep] = arrays[k][:, stored - keep:]
+        self.pos = keep % self.per_env  # slots 0..keep-1 hold the newest `keep` steps
+        self.count = max(count, keep)
+        self.persisted = self.count
 
 
 def to_batch(sample: dict[str, np.ndarray], device: torch.device) -> dict:

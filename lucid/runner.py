@@ -19,6 +19,49 @@ import torch
 from .envs.spaces import ActionSpec, ObsSpec
 
 
+class Restarting(gym.Wrapper):
+    """Rebuilds the environment when its `step` or `reset` raises, up to `max_restarts` times.
+    A failed step ends the episode as a truncation (not terminal) with zero reward, and the
+    info carries `env_restarted=True`; training goes on."""
+
+    def __init__(self, make: Callable[[], gym.Env], max_restarts: int = 10):
+        self._make, self.max_restarts, self.restarts = make, max_restarts, 0
+        super().__init__(make())
+
+    def _restart(self, exc: Exception, where: str) -> None:
+        self.restarts += 1
+        if self.restarts > self.max_restarts:
+            raise RuntimeError(f"the environment raised in {where} more than "
+                               f"env.max_restarts={self.max_restarts} times; last error: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        print(f"warning: the environment raised in {where} ({type(exc).__name__}: {exc}); "
+              f"restarting it ({self.restarts}/{self.max_restarts})", flush=True)
+        try:
+            self.env.close()
+        except Exception:  # noqa: BLE001 - a broken env may also fail to close
+            pass
+        self.env = self._make()
+
+    def reset(self, **kwargs):
+        while True:
+            try:
+                return self.env.reset(**kwargs)
+            except Exception as exc:  # noqa: BLE001
+                self._restart(exc, "reset")
+
+    def step(self, action):
+        try:
+            return self.env.step(action)
+        except Exception as exc:  # noqa: BLE001
+            self._restart(exc, "step")
+            obs, info = self.reset()
+            return obs, 0.0, False, True, {**info, "env_restarted": True}
+
+
+def restarting(make: Callable[[], gym.Env], max_restarts: int) -> Callable[[], gym.Env]:
+    return lambda: Restarting(make, max_restarts)
+
+
 @dataclass
 class Episode:
     ret: float
@@ -48,6 +91,7 @@ class Collector:
         self.state = None
         self.ep_return = np.zeros(self.n)
         self.ep_length = np.zeros(self.n, np.int64)
+        self.restarts = 0
 
     def step(self, agent=None, explore: bool = True) -> tuple[dict, list[Episode]]:
         """One vector step. `agent=None` takes uniformly random actions (prefill).
@@ -71,7 +115,9 @@ class Collector:
         self.ep_return[self.is_last] = 0.0
         self.ep_length[self.is_last] = 0
 
-        obs, reward, term, trunc, _ = self.envs.step(env_action)
+        obs, reward, term, trunc, info = self.envs.step(env_action)
+        if "env_restarted" in info:
+            self.restarts += int(np.sum(info.get("_env_restarted", info["env_restarted"])))
         reward = np.asarray(reward, np.float32)
         if not np.all(np.isfinite(reward)):
             raise ValueError("the environment returned a NaN or Inf reward")

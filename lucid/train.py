@@ -14,6 +14,7 @@ import math
 import random
 import signal
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,11 @@ from .config import Config, from_yaml, to_yaml
 from .envs import ActionSpec, ObsSpec, env_fn, make_env
 from .logger import Logger
 from .replay import Replay, to_batch
-from .runner import Collector, evaluate
+from .runner import Collector, evaluate, restarting
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced non-finite losses or gradients too many times in a row."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -77,41 +82,47 @@ class Trainer:
         self.obs_spec, self.act_spec = spaces_of(cfg)
         self.agent = Agent(self.obs_spec, self.act_spec, cfg, self.device)
         t = cfg.train
-        self.replay = Replay.for_spaces(self.obs_spec, self.act_spec.dim, t.replay_capacity,
-                                        cfg.env.num_envs, seed=cfg.run.seed)
-        self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0}
+        self.replay = Replay.for_spaces(
+            self.obs_spec, self.act_spec.dim, t.replay_capacity, cfg.env.num_envs,
+            seed=cfg.run.seed, directory=self.run_dir / "replay", chunk_length=t.replay_chunk,
+            memmap=t.replay_memmap, max_bytes=int(t.replay_max_gb * 2**30))
+        self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0,
+                         "nonfinite_updates": 0, "env_restarts": 0}
         if resume:
             self._restore()
-        fns = [env_fn(cfg.env.id, cfg.env.max_episode_steps)] * cfg.env.num_envs
+        make = env_fn(cfg.env.id, cfg.env.max_episode_steps)
+        fns = [restarting(make, cfg.env.max_restarts)] * cfg.env.num_envs
         self.collector = Collector(fns, self.obs_spec, self.act_spec, cfg.env.asynchronous,
                                    seed=cfg.run.seed + 1000 * self.counters["updates"])
+        self._restarts_before = self.counters["env_restarts"]
         self.recent: list[float] = []
         self._stop = False
 
     # ------------------------------------------------------------------ persistence
 
     def save(self) -> Path:
-        self.replay.save(self.run_dir / "replay.npz")
+        """Append the new replay steps to disk, then write a complete checkpoint atomically.
+        A kill at any moment leaves the previous checkpoint and all earlier chunks intact."""
+        self.replay.flush()
         payload = {
             "agent": self.agent.state_dict(),
             "counters": dict(self.counters),
             "rng": ckpt.rng_state(),
             "replay_rng": self.replay.rng.bit_generator.state,
+            "replay_count": self.replay.count,
             "config": to_yaml(self.cfg),
         }
-        return ckpt.save_checkpoint(self.run_dir, payload)
+        return ckpt.save_checkpoint(self.run_dir, payload, keep=self.cfg.run.keep_checkpoints)
 
     def _restore(self) -> None:
         payload, path = ckpt.load_latest(self.run_dir, self.device)
         self.agent.load_state_dict(payload["agent"])
         self.counters.update(payload["counters"])
         ckpt.set_rng_state(payload["rng"])
-        replay_path = self.run_dir / "replay.npz"
-        if replay_path.exists():
-            self.replay.load(replay_path)
-            self.replay.rng.bit_generator.state = payload["replay_rng"]
+        restored = self.replay.restore()
+        self.replay.rng.bit_generator.state = payload["replay_rng"]
         print(f"resumed from {path} at {self.counters['env_steps']} env steps, "
-              f"{self.counters['updates']} updates")
+              f"{self.counters['updates']} updates; replay holds {restored} steps per env")
 
     # ------------------------------------------------------------------ loop
 
@@ -133,11 +144,15 @@ class Trainer:
                         for s in (signal.SIGINT, signal.SIGTERM)}
         start = time.time() - c["wall_time"]
         last_log = last_ckpt = time.time()
+        last_ckpt_steps = c["env_steps"]
+        bad_in_row = 0
         log_steps, log_updates = c["env_steps"], c["updates"]
         sums: dict[str, torch.Tensor] = {}
         n_sums = 0
         next_eval = (c["env_steps"] // cfg.run.eval_every + 1) * cfg.run.eval_every \
             if cfg.run.eval_every else None
+        next_video = (c["env_steps"] // cfg.run.video_every + 1) * cfg.run.video_every \
+            if cfg.run.video_every else None
         try:
             while c["env_steps"] < cfg.run.steps and not self._stop and not self._done(start):
                 policy = None if c["env_steps"] < t.prefill else self.agent
@@ -152,7 +167,21 @@ class Trainer:
                                     "eval": False})
                 while c["updates"] < self.updates_due() and self.replay.can_sample(t.batch_length):
                     batch = to_batch(self.replay.sample(t.batch_size, t.batch_length), self.device)
+                    skipped = self.agent.skipped
                     metrics = self.agent.train_step(batch)
+                    if self.agent.skipped > skipped:
+                        c["nonfinite_updates"] += 1
+                        bad_in_row += 1
+                        if bad_in_row >= t.max_nonfinite:
+                            self.save()  # skipped steps changed nothing: the last good state
+                            raise NonFiniteError(
+                                f"{bad_in_row} updates in a row had non-finite losses or "
+                                f"gradients (at {c['env_steps']} env steps); stopped with a "
+                                f"checkpoint of the last good state in {self.run_dir}. Check "
+                                f"the environment's observations and rewards, or lower the "
+                                f"learning rates")
+                    else:
+                        bad_in_row = 0
                     for k, v in metrics.items():
                         sums[k] = sums[k] + v.detach() if k in sums else v.detach()
                     n_sums += 1
@@ -167,9 +196,15 @@ class Trainer:
                 if next_eval is not None and c["env_steps"] >= next_eval:
                     self._evaluate(logger, start)
                     next_eval += cfg.run.eval_every
-                if now - last_ckpt >= cfg.run.checkpoint_minutes * 60:
+                if next_video is not None and c["env_steps"] >= next_video:
+                    self._videos(logger)
+                    next_video += cfg.run.video_every
+                c["env_restarts"] = self.collector.restarts + self._restarts_before
+                every = cfg.run.checkpoint_every
+                if (now - last_ckpt >= cfg.run.checkpoint_minutes * 60
+                        or (every and c["env_steps"] - last_ckpt_steps >= every)):
                     self.save()
-                    last_ckpt = now
+                    last_ckpt, last_ckpt_steps = now, c["env_steps"]
             c["wall_time"] = time.time() - start
             if n_sums:
                 logger.metrics(self._row(sums, n_sums, time.time() - last_log, log_steps,
@@ -198,7 +233,9 @@ class Trainer:
                "wall_time": round(c["wall_time"], 2),
                "perf/env_steps_per_s": (c["env_steps"] - log_steps) / max(dt, 1e-9),
                "perf/updates_per_s": (c["updates"] - log_updates) / max(dt, 1e-9),
-               "replay/steps": len(self.replay)}
+               "replay/steps": len(self.replay),
+               "train/nonfinite_updates": c["nonfinite_updates"],
+               "train/env_restarts": c["env_restarts"]}
         if n:
             keys = list(sums)
             vals = (torch.stack([sums[k].float() for k in keys]) / n).cpu().tolist()
@@ -213,6 +250,13 @@ class Trainer:
         return evaluate(self.agent, env_fn(cfg.env.id, cfg.env.max_episode_steps),
                         self.obs_spec, self.act_spec, episodes, explore=explore,
                         seed=cfg.run.seed + 10_000 if seed is None else seed)
+
+    def _videos(self, logger: Logger) -> None:
+        from .video import log_videos
+        try:
+            log_videos(self, logger.tb, self.counters["env_steps"])
+        except Exception as exc:  # noqa: BLE001 - a video never costs the run
+            warnings.warn(f"video logging failed: {type(exc).__name__}: {exc}")
 
     def _evaluate(self, logger: Logger, start: float) -> None:
         for explore in (False, True):

@@ -1,0 +1,345 @@
+"""Runs that survive: incremental replay on disk, SIGKILL at any moment, non-finite updates,
+crashing environments, bounded memory."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from lucid.checkpoint import list_checkpoints, load_latest
+from lucid.config import ConfigError, make_config
+from lucid.replay import Replay, to_batch
+from lucid.train import NonFiniteError, Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = {"obs/vector": ((2,), np.float32), "action": ((1,), np.float32),
+          "reward": ((), np.float32), "is_first": ((), bool), "is_last": ((), bool),
+          "is_terminal": ((), bool)}
+
+
+def _add(rep, t0, n):
+    for t in range(t0, t0 + n):
+        e = np.arange(rep.num_envs, dtype=np.float32)
+        rep.add({"obs/vector": np.stack([np.full_like(e, t), e], -1),
+                 "action": np.zeros((rep.num_envs, 1), np.float32),
+                 "reward": np.full(rep.num_envs, t, np.float32),
+                 "is_first": np.full(rep.num_envs, t % 9 == 0),
+                 "is_last": np.zeros(rep.num_envs, bool),
+                 "is_terminal": np.zeros(rep.num_envs, bool)})
+
+
+def _stored(rep):
+    """Steps in order (oldest first) as the replay sees them."""
+    n = min(rep.count, rep.per_env)
+    return rep._ordered(rep.count - n, rep.count)
+
+
+# --------------------------------------------------------------------------- replay on disk
+
+def test_replay_chunks_restore_the_same_buffer(tmp_path):
+    rep = Replay(2 * 100, 2, FIELDS, directory=tmp_path, chunk_length=16)
+    _add(rep, 0, 70)
+    rep.flush()
+    names = sorted(p.name for p in tmp_path.glob("chunk-*.npz"))
+    assert names[0] == "chunk-000000000000-000000000016.npz"
+    assert names[-1] == "chunk-000000000064-000000000070.npz"  # the partial tail on flush
+    other = Replay(2 * 100, 2, FIELDS, directory=tmp_path, chunk_length=16)
+    assert other.restore() == 70
+    assert other.count == rep.count == 70
+    a, b = _stored(rep), _stored(other)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    _add(other, 70, 5)  # appends continue after the restored steps
+    assert _stored(other)["reward"][0, -1] == 74
+
+
+def test_replay_chunks_follow_fifo_eviction_and_stay_bounded_on_disk(tmp_path):
+    rep = Replay(40, 1, FIELDS, directory=tmp_path, chunk_length=10)
+    _add(rep, 0, 125)
+    rep.flush()
+    spans = sorted(tuple(int(x) for x in p.stem.split("-")[1:]) for p in tmp_path.glob("chunk-*"))
+    assert spans[-1][1] == 125
+    assert all(end > 125 - 40 for _, end in spans)  # fully evicted chunks were deleted
+    other = Replay(40, 1, FIELDS, directory=tmp_path)
+    assert other.restore() == 40
+    np.testing.assert_array_equal(_stored(other)["reward"][0], np.arange(85, 125))
+
+
+def test_unreadable_newest_chunk_keeps_the_older_steps(tmp_path):
+    rep = Replay(100, 1, FIELDS, directory=tmp_path, chunk_length=10)
+    _add(rep, 0, 30)
+    newest = sorted(tmp_path.glob("chunk-*"))[-1]
+    newest.write_bytes(newest.read_bytes()[:100])  # torn write
+    other = Replay(100, 1, FIELDS, directory=tmp_path)
+    # the newest run is broken at its end: only complete chunks before it are contiguous
+    assert other.restore() == 20
+    np.testing.assert_array_equal(_stored(other)["reward"][0], np.arange(20))
+    assert (tmp_path / (newest.name + ".corrupt")).exists()  # set aside, not deleted
+    _add(other, 20, 10)  # the stream continues from the last good step
+    other.flush()
+    again = Replay(100, 1, FIELDS, directory=tmp_path)
+    assert again.restore() == 30
+
+
+def test_replay_of_other_spaces_is_refused(tmp_path):
+    rep = Replay(100, 1, FIELDS, directory=tmp_path, chunk_length=10)
+    _add(rep, 0, 10)
+    fields = dict(FIELDS, **{"obs/vector": ((3,), np.float32)})
+    with pytest.raises(ValueError, match="obs/vector"):
+        Replay(100, 1, fields, directory=tmp_path).restore()
+
+
+def test_memmap_replay_lives_in_files_and_samples(tmp_path):
+    rep = Replay(64, 2, FIELDS, directory=tmp_path, memmap=True, chunk_length=1000)
+    assert isinstance(rep.data["obs/vector"], np.memmap)
+    assert (tmp_path / "ring" / "obs__vector.npy").exists()
+    _add(rep, 0, 50)
+    s = rep.sample(16, 8)
+    assert np.all(np.diff(s["reward"], axis=1) == 1)
+    assert s["reward"].min() >= 50 - 32
+
+
+def test_capacity_in_bytes():
+    rep = Replay(10**9, 1, {"obs/image": ((64, 64, 3), np.uint8)}, max_bytes=64 * 64 * 3 * 500)
+    assert rep.per_env == 500
+
+
+def _rss_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+
+
+def test_rss_stays_flat_once_the_replay_is_full():
+    n = 3000  # 3000 steps of 64x64x3 uint8 = 37 MB
+    rep = Replay(n, 1, {"obs/image": ((64, 64, 3), np.uint8), "reward": ((), np.float32)})
+    img = np.random.default_rng(0).integers(0, 255, (1, 64, 64, 3), dtype=np.uint8)
+    for _ in range(n):
+        rep.add({"obs/image": img, "reward": np.zeros(1, np.float32)})
+    rss = []
+    for lap in range(3):  # three more capacities written, batches sampled as in training
+        for i in range(n):
+            rep.add({"obs/image": img, "reward": np.zeros(1, np.float32)})
+            if i % 100 == 0:
+                rep.sample(16, 64)
+        rss.append(_rss_mb())
+    assert rss[2] - rss[0] < 4, rss  # no growth once full (the first lap warms the allocator)
+    assert rep.nbytes == n * (64 * 64 * 3 + 4)
+
+
+# --------------------------------------------------------------------------- non-finite updates
+
+def _cfg(tmp_path, **over):
+    base = {"env": {"id": "CartPole-v1"}, "model": {"size": "nano"},
+            "train": {"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 20,
+                      "train_ratio": 16},
+            "run": {"steps": 60, "progress": False, "run_dir": str(tmp_path), "log_every": 0.0}}
+    for sec, kv in over.items():
+        base.setdefault(sec, {}).update(kv)
+    return make_config("default", **base)
+
+
+@pytest.mark.parametrize("where,skipped,unchanged", [
+    ("reward", 1, ["world_model"]),  # the model's loss only: actor and critic still learn
+    ("obs", 3, ["world_model", "actor", "critic", "return_norm"]),  # NaN states: all skip
+])
+def test_nonfinite_batch_skips_the_steps_it_poisons(tmp_path, where, skipped, unchanged):
+    tr = Trainer(_cfg(tmp_path))
+    tr.run()
+    batch = to_batch(tr.replay.sample(2, 8), torch.device("cpu"))
+    if where == "reward":
+        batch["reward"][0, 3] = float("nan")
+    else:
+        batch["obs"]["vector"][1, 2, 0] = float("inf")
+    mods = tr.agent.modules()
+    before = {k: [t.clone() for t in mods[k].state_dict().values()] for k in mods}
+    adam = tr.agent.opt_wm.state_dict()["state"][0]["step"].clone()
+    metrics = tr.agent.train(batch)
+    assert metrics["train/nonfinite_steps"] == skipped
+    for k in mods:
+        same = all(torch.equal(a, b) for a, b in zip(before[k], mods[k].state_dict().values()))
+        assert same == (k in unchanged), k
+    assert torch.equal(tr.agent.opt_wm.state_dict()["state"][0]["step"], adam)
+    tr.close()
+
+
+def test_run_stops_after_k_bad_updates_with_a_checkpoint_of_the_last_good_state(tmp_path):
+    tr = Trainer(_cfg(tmp_path, train={"max_nonfinite": 3}, run={"steps": 400}))
+    tr.run()  # a healthy first part
+    good = [p.clone() for p in tr.agent.wm.parameters()]
+    tr.replay.data["obs/vector"][:] = np.nan  # corrupted memory: every batch is bad
+    tr.cfg.run.steps = 800
+    with pytest.raises(NonFiniteError, match="3 updates in a row"):
+        tr.run()
+    assert tr.counters["nonfinite_updates"] == 3
+    payload, _ = load_latest(tmp_path)
+    saved = payload["agent"]["modules"]["world_model"]
+    for (name, _), p in zip(tr.agent.wm.named_parameters(), good):
+        assert torch.equal(saved[name], p), name
+    tr.close()
+
+
+# --------------------------------------------------------------------------- crashing envs
+
+class FlakyEnv(gym.Env):
+    """CartPole-like env whose step raises every `every` calls (counted per process)."""
+    calls = 0
+    observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, every: int = 37):
+        self.every, self.t = every, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        FlakyEnv.calls += 1
+        if FlakyEnv.calls % self.every == 0:
+            raise RuntimeError("simulator crashed")
+        self.t += 1
+        return np.full(3, self.t / 100, np.float32), 1.0, self.t >= 20, False, {}
+
+
+def make_flaky():
+    return FlakyEnv()
+
+
+def make_broken():
+    return FlakyEnv(every=1)
+
+
+def test_crashing_env_is_restarted_and_training_goes_on(tmp_path, capsys):
+    cfg = _cfg(tmp_path, env={"id": "test_reliability:make_flaky", "num_envs": 2},
+               run={"steps": 200})
+    tr = Trainer(cfg)
+    tr.run()
+    tr.close()
+    assert tr.counters["env_steps"] == 200 and tr.counters["updates"] > 0
+    assert tr.counters["env_restarts"] >= 4
+    assert "restarting it" in capsys.readouterr().out
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert rows[-1]["train/env_restarts"] == tr.counters["env_restarts"]
+
+
+def test_env_that_keeps_crashing_stops_the_run_with_a_clear_error(tmp_path):
+    cfg = _cfg(tmp_path, env={"id": "test_reliability:make_broken", "max_restarts": 3})
+    tr = Trainer(cfg)
+    with pytest.raises(RuntimeError, match="env.max_restarts=3"):
+        tr.run()
+    tr.close()
+
+
+# --------------------------------------------------------------------------- config
+
+@pytest.mark.parametrize("override,key", [
+    ("train.horizon=0", "train.horizon"), ("train.gamma=1.5", "train.gamma"),
+    ("train.replay_capacity=4", "train.replay_capacity"), ("run.device=tpu", "run.device"),
+    ("train.continuous_grad=magic", "continuous_grad"), ("model.unimix=1.0", "model.unimix"),
+    ("env.num_envs=0", "env.num_envs"), ("train.max_nonfinite=0", "max_nonfinite"),
+])
+def test_impossible_values_are_refused_before_anything_runs(override, key):
+    with pytest.raises(ConfigError, match=key):
+        make_config("default", [override])
+
+
+# --------------------------------------------------------------------------- SIGKILL
+
+def _train_cmd(run_dir, steps, resume=False):
+    if resume:
+        args = ["--resume", str(run_dir), "--steps", str(steps)]
+    else:
+        args = ["CartPole-v1", "--preset", "default", "--size", "nano", "--steps", str(steps),
+                "--run-dir", str(run_dir), "train.batch_size=2", "train.batch_length=8",
+                "train.horizon=3", "train.prefill=50", "train.train_ratio=16",
+                "train.replay_chunk=40", "run.checkpoint_every=60", "run.progress=false",
+                "run.log_every=0.5", "run.threads=1"]
+    return [sys.executable, "-m", "lucid", "train", *args]
+
+
+def _replay_on_disk(run_dir):
+    rep = Replay(10**6, 1, {"obs/vector": ((4,), np.float32), "action": ((2,), np.float32),
+                            "reward": ((), np.float32), "is_first": ((), bool),
+                            "is_last": ((), bool), "is_terminal": ((), bool)},
+                 directory=Path(run_dir) / "replay")
+    rep.restore()
+    return rep
+
+
+def _wait_for_checkpoint(run_dir, proc, timeout=120):
+    t0 = time.time()
+    while not list_checkpoints(run_dir):
+        assert proc.poll() is None, "training exited before its first checkpoint"
+        assert time.time() - t0 < timeout
+        time.sleep(0.05)
+
+
+def _start(run_dir, log, env, resume=True):
+    out = open(log, "w")
+    return subprocess.Popen(_train_cmd(run_dir, 100_000, resume=resume), cwd=ROOT, env=env,
+                            stdout=out, stderr=subprocess.STDOUT)
+
+
+def _wait_for_line(log, text, proc, timeout=120):
+    t0 = time.time()
+    while True:
+        for line in Path(log).read_text().splitlines():
+            if text in line:
+                return line
+        assert proc.poll() is None, Path(log).read_text()
+        assert time.time() - t0 < timeout, Path(log).read_text()
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    rng = random.Random(0)
+    history = []
+    proc = _start(run_dir, tmp_path / "log0", env, resume=False)
+    _wait_for_checkpoint(run_dir, proc)
+    for i in range(6):
+        time.sleep(rng.uniform(0.3, 2.5))
+        if i == 5:  # the last kill lands in the middle of a checkpoint write
+            proc.send_signal(signal.SIGINT)  # SIGINT saves a checkpoint and exits cleanly
+            assert proc.wait(60) == 0
+            proc = _start(run_dir, tmp_path / "log-torn", {**env, "LUCID_TEST_KILL_IN_CHECKPOINT": "1"})
+            assert proc.wait(120) == -signal.SIGKILL
+            assert list((run_dir / "checkpoints").glob("*.tmp")), "no torn checkpoint left"
+        else:
+            proc.kill()
+            proc.wait(30)
+        payload, path = load_latest(run_dir)
+        on_disk = _replay_on_disk(run_dir)
+        # every chunk that reached the disk is restored, at least up to the checkpoint
+        assert on_disk.count >= payload["replay_count"]
+        history.append((payload["counters"]["env_steps"], payload["counters"]["updates"]))
+        proc = _start(run_dir, tmp_path / f"log{i + 1}", env)
+        line = _wait_for_line(tmp_path / f"log{i + 1}", "resumed from", proc)
+        assert f"at {history[-1][0]} env steps, {history[-1][1]} updates" in line, line
+        assert f"replay holds {on_disk.count} steps" in line, line
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)  # SIGTERM also saves and exits cleanly
+    assert proc.wait(60) == 0
+    final, _ = load_latest(run_dir)
+    history.append((final["counters"]["env_steps"], final["counters"]["updates"]))
+    steps = [h[0] for h in history]
+    assert steps == sorted(steps), history  # counters never go back
+    assert history[-1][1] > history[0][1]  # and training went on across the kills
+    rep = _replay_on_disk(run_dir)
+    s = rep._ordered(0, rep.count)
+    assert np.isfinite(s["obs/vector"]).all()
+    assert s["is_first"][0, 0] and s["is_first"][0].sum() >= 7  # each resume starts an episode
