@@ -1,4 +1,5 @@
-"""`lucid` command line: train, eval, config. A thin layer over lucid.train."""
+"""`lucid` command line: train, eval, config, dream, plot, report. A thin layer over
+lucid.train and the visualising modules (video, plot, report)."""
 
 from __future__ import annotations
 
@@ -65,14 +66,23 @@ def train(
                f"size {trainer.cfg.model.size}, {trainer.cfg.run.steps} env steps)")
     try:
         trainer.run()
+        if trainer.cfg.run.videos and not trainer._stop:  # not after Ctrl-C
+            from .report import finish_run
+            typer.echo("writing curves.png, videos/ and report.html ...")
+            finish_run(trainer)
     finally:
         trainer.close()
     typer.echo(f"done: {trainer.counters}")
 
 
 @app.command("eval")
-def eval_cmd(run_dir: str, episodes: int = typer.Option(10), sampled: bool = False):
+def eval_cmd(run_dir: str, episodes: int = typer.Option(10), sampled: bool = False,
+             video: bool = typer.Option(False, help="also save a video of every episode to "
+                                                    "RUN_DIR/videos/"),
+             video_format: str = typer.Option("mp4", "--format", help="mp4 or gif")):
     """Evaluate the newest checkpoint of RUN_DIR (greedy policy unless --sampled)."""
+    if video:
+        return _eval_video(run_dir, episodes, sampled, video_format)
     from .train import Trainer
     try:
         trainer = Trainer(make_config("default", run={"steps": 0}), run_dir, resume=True)
@@ -94,6 +104,96 @@ def config_cmd(preset: str = typer.Option("default"), overrides: List[str] = typ
     except ConfigError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2)
+
+
+# --------------------------------------------------------------------------- visualising
+
+
+def _load_run(run_dir: str):
+    """Trainer of an existing run (newest checkpoint and its replay), without its collector."""
+    from .train import Trainer
+    try:
+        trainer = Trainer(make_config("default", run={"steps": 0}), run_dir, resume=True)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2)
+    trainer.collector.close()
+    return trainer
+
+
+def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str):
+    """`lucid eval --video`: the episodes are run in a rendering env, one video each."""
+    from .video import record_episodes
+    if video_format not in ("mp4", "gif"):
+        typer.secho(f"error: --format must be mp4 or gif, got {video_format!r}", fg="red",
+                    err=True)
+        raise typer.Exit(2)
+    trainer = _load_run(run_dir)
+    cfg = trainer.cfg
+    steps = trainer.counters["env_steps"]
+    paths = [str(Path(run_dir) / "videos" / f"eval-{steps:09d}-ep{i}.{video_format}")
+             for i in range(episodes)]
+    recs = record_episodes(trainer.agent, cfg.env.id, episodes, cfg.env.max_episode_steps,
+                           explore=sampled, seed=cfg.run.seed + 10_000, paths=paths)
+    rets = [r.ret for r in recs]
+    typer.echo(json.dumps({"episodes": len(rets), "mean_return": sum(rets) / len(rets),
+                           "returns": rets, "videos": paths}))
+
+
+@app.command("dream")
+def dream_cmd(run_dir: str,
+              horizon: int = typer.Option(45, help="dreamed steps after the context"),
+              context: int = typer.Option(5, help="real steps the model observes first"),
+              rows: int = typer.Option(3, help="replayed windows shown one below another"),
+              out: Optional[str] = typer.Option(None, help="video file (.mp4 or .gif); default "
+                                                           "RUN_DIR/videos/dream-<steps>.mp4"),
+              fps: float = typer.Option(10.0),
+              seed: int = typer.Option(0, help="which replayed windows are picked")):
+    """Open-loop dream video from real starting states: truth | prediction | error.
+
+    The model observes --context replayed steps, then predicts --horizon steps with the
+    recorded actions only. Saved to RUN_DIR/videos/ unless --out is given."""
+    from .video import dream_video, write_video
+    trainer = _load_run(run_dir)
+    try:
+        frames = dream_video(trainer, horizon=horizon, context=context, rows=rows, seed=seed)
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2)
+    steps = trainer.counters["env_steps"]
+    path = Path(out) if out else Path(run_dir) / "videos" / f"dream-{steps:09d}.mp4"
+    write_video(path, frames, fps=fps)
+    typer.echo(json.dumps({"video": str(path), "frames": len(frames), "context": context,
+                           "horizon": horizon}))
+
+
+@app.command("plot")
+def plot_cmd(run_dirs: List[str] = typer.Argument(..., help="run directories; runs of one "
+                                                            "config are averaged over seeds"),
+             out: str = typer.Option("curves.png", help="PNG file to write"),
+             x: str = typer.Option("env_steps", help="env_steps or wall_time"),
+             band: str = typer.Option("minmax", help="spread over seeds: minmax or std")):
+    """Learning curves of one or more runs (mean and spread over seeds of one config)."""
+    from .plot import plot_runs
+    try:
+        path = plot_runs(run_dirs, out, x=x, band=band)
+    except (ValueError, FileNotFoundError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2)
+    typer.echo(str(path))
+
+
+@app.command("report")
+def report_cmd(run_dir: str, out: Optional[str] = typer.Option(
+        None, help="HTML file; default RUN_DIR/report.html")):
+    """One self-contained HTML page: config, learning curve, videos and final numbers."""
+    from .report import write_report
+    try:
+        path = write_report(run_dir, out)
+    except FileNotFoundError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2)
+    typer.echo(str(path))
 
 
 def main():

@@ -1,0 +1,194 @@
+"""Learning curves of one or more run directories.
+
+`plot_runs(run_dirs, out)` reads each run's `episodes.jsonl` and `config.yaml`. Runs whose
+configs are equal apart from the seed and the run directory form one group (one curve): the
+mean over its seeds with a min–max (or ±std) band. Each run is first smoothed (running mean
+of the last `window` training episodes) and interpolated onto a common x grid; at every x
+only the runs that reached it count. Evaluation episodes (`eval: true`) are drawn as markers.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import yaml
+
+IGNORED_KEYS = ("run.seed", "run.run_dir")
+X_KEYS = ("env_steps", "wall_time")
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict
+    train_env_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    train_wall: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    train_ret: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    eval_rows: list[dict] = field(default_factory=list)
+
+    def x(self, key: str) -> np.ndarray:
+        return self.train_env_steps if key == "env_steps" else self.train_wall
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSONL file; a truncated last line (a run killed mid-write) is skipped."""
+    rows = []
+    if not path.exists():
+        return rows
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def load_run(run_dir: str | Path) -> Run:
+    path = Path(run_dir)
+    if not (path / "episodes.jsonl").exists():
+        raise FileNotFoundError(f"{path} has no episodes.jsonl; is it a lucid run directory?")
+    cfg_path = path / "config.yaml"
+    config = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else {}
+    rows = read_jsonl(path / "episodes.jsonl")
+    train = [r for r in rows if not r.get("eval")]
+    evals = [r for r in rows if r.get("eval")]
+    return Run(path, _flatten(config or {}),
+               train_env_steps=np.array([r["env_steps"] for r in train], float),
+               train_wall=np.array([r.get("wall_time", np.nan) for r in train], float),
+               train_ret=np.array([r["return"] for r in train], float),
+               eval_rows=evals)
+
+
+def config_key(run: Run) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in run.config.items() if k not in IGNORED_KEYS))
+
+
+def group_runs(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """Group runs by config (ignoring seed and run directory); label each group by the config
+    keys that differ between groups (or by the env id when there is one group)."""
+    groups: dict[tuple, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(config_key(r), []).append(r)
+    keys = list(groups)
+    differing = sorted({k for key in keys for k, _ in key
+                        if len({dict(other).get(k) for other in keys}) > 1})
+    labels: dict[str, list[Run]] = {}
+    for key in keys:
+        cfg = dict(key)
+        if len(keys) == 1 or not differing:
+            label = str(groups[key][0].config.get("env.id", groups[key][0].path.name))
+        else:
+            label = ", ".join(f"{k}={_unrepr(cfg.get(k))}" for k in differing)
+        n = len(groups[key])
+        label = f"{label} ({n} seed{'s' if n != 1 else ''})"
+        while label in labels:
+            label += "'"
+        labels[label] = groups[key]
+    return labels
+
+
+def _unrepr(v) -> str:
+    if v is None:
+        return "-"
+    return v.strip("'") if isinstance(v, str) else str(v)
+
+
+def running_mean(x: np.ndarray, window: int) -> np.ndarray:
+    if len(x) == 0:
+        return x
+    c = np.cumsum(np.insert(x, 0, 0.0))
+    idx = np.arange(1, len(x) + 1)
+    lo = np.maximum(0, idx - window)
+    return (c[idx] - c[lo]) / (idx - lo)
+
+
+def group_curve(runs: Sequence[Run], x: str = "env_steps", window: int = 10,
+                points: int = 200, band: str = "minmax"):
+    """Common grid, mean and band over the runs of one group. Returns (grid, mean, low,
+    high, count) with NaN where no run has data."""
+    curves = [(r.x(x), running_mean(r.train_ret, window)) for r in runs if len(r.train_ret)]
+    curves = [(xs, ys) for xs, ys in curves if np.all(np.isfinite(xs))]
+    if not curves:
+        return (np.zeros(0),) * 5
+    lo = min(xs[0] for xs, _ in curves)
+    hi = max(xs[-1] for xs, _ in curves)
+    grid = np.linspace(lo, hi, points) if hi > lo else np.array([lo])
+    vals = np.full((len(curves), len(grid)), np.nan)
+    for i, (xs, ys) in enumerate(curves):
+        inside = (grid >= xs[0]) & (grid <= xs[-1])
+        vals[i, inside] = np.interp(grid[inside], xs, ys)
+    count = np.sum(np.isfinite(vals), 0)
+    with warnings.catch_warnings():  # all-NaN columns (no run there) stay NaN, quietly
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(vals, 0)
+        if band == "std":
+            sd = np.nanstd(vals, 0)
+            low, high = mean - sd, mean + sd
+        else:
+            low, high = np.nanmin(vals, 0), np.nanmax(vals, 0)
+    return grid, mean, low, high, count
+
+
+def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_steps",
+              band: str = "minmax", window: int = 10, title: str | None = None) -> Path:
+    """Write a PNG of the learning curves of `run_dirs` (one curve per config) to `out`."""
+    if x not in X_KEYS:
+        raise ValueError(f"x must be one of {', '.join(X_KEYS)}, got {x!r}")
+    if band not in ("minmax", "std"):
+        raise ValueError(f"band must be 'minmax' or 'std', got {band!r}")
+    if not run_dirs:
+        raise ValueError("no run directories given")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [load_run(d) for d in run_dirs]
+    groups = group_runs(runs)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, (label, members) in enumerate(groups.items()):
+        colour = f"C{i % 10}"
+        grid, mean, low, high, count = group_curve(members, x, window, band=band)
+        if len(grid):
+            ax.plot(grid, mean, color=colour, label=label)
+            if len(members) > 1:
+                ax.fill_between(grid, low, high, color=colour, alpha=0.2, linewidth=0)
+        ex = [r for m in members for r in m.eval_rows if r.get("policy", "greedy") == "greedy"]
+        if ex:
+            key = "env_steps" if x == "env_steps" else "wall_time"
+            by_x: dict[float, list[float]] = {}
+            for r in ex:
+                by_x.setdefault(float(r[key]), []).append(float(r["return"]))
+            xs = sorted(by_x)
+            ax.plot(xs, [np.mean(by_x[v]) for v in xs], "o", color=colour, markersize=4,
+                    markerfacecolor="white", label=f"{label}: eval")
+    ax.set_xlabel("environment steps" if x == "env_steps" else "wall time (s)")
+    ax.set_ylabel(f"episode return (mean of last {window})")
+    ax.set_title(title or "learning curves" + (" (band: min–max over seeds)" if band == "minmax"
+                                              else " (band: ±1 std over seeds)"))
+    ax.grid(alpha=0.3)
+    if groups:
+        ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,163 @@
+"""One self-contained HTML page per run: `write_report(run_dir) -> RUN_DIR/report.html`.
+
+The page holds the resolved config, summary numbers (from episodes.jsonl and the last row of
+metrics.jsonl), the learning curve (a PNG made by lucid.plot, embedded as base64) and every
+video found in RUN_DIR/videos/ (MP4 as <video>, GIF/PNG as <img>, embedded as base64). It
+references no external file, script or stylesheet, so it can be mailed or archived as is.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .plot import plot_runs, read_jsonl
+
+VIDEO_TYPES = {".mp4": "video/mp4", ".webm": "video/webm"}
+IMAGE_TYPES = {".gif": "image/gif", ".png": "image/png"}
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
+table { border-collapse: collapse; } td, th { padding: 2px 10px; border-bottom: 1px solid #ddd;
+text-align: left; font-variant-numeric: tabular-nums; }
+pre { background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: 0.85em; }
+figure { margin: 1em 0; } figcaption { font-size: 0.9em; color: #555; }
+video, img.media { max-width: 100%; border: 1px solid #ccc; }
+"""
+
+
+def _data_uri(path: Path, mime: str) -> str:
+    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _table(rows: list[tuple[str, object]]) -> str:
+    body = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>"
+                   for k, v in rows)
+    return f"<table>{body}</table>"
+
+
+def summary(run_dir: str | Path) -> dict:
+    """Final numbers of a run from its JSONL files."""
+    run_dir = Path(run_dir)
+    eps = read_jsonl(run_dir / "episodes.jsonl")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    train = [e for e in eps if not e.get("eval")]
+    greedy = [e for e in eps if e.get("eval") and e.get("policy", "greedy") == "greedy"]
+    out: dict = {}
+    last = metrics[-1] if metrics else {}
+    for key in ("env_steps", "updates", "episodes", "wall_time"):
+        if key in last:
+            out[key] = last[key]
+    if train:
+        rets = np.array([e["return"] for e in train], float)
+        out["train episodes"] = len(rets)
+        out["return, last 10 train episodes (mean)"] = float(rets[-10:].mean())
+        out["return, best train episode"] = float(rets.max())
+    if greedy:
+        at = max(e["env_steps"] for e in greedy)
+        last_eval = [e["return"] for e in greedy if e["env_steps"] == at]
+        out["eval return at last evaluation (mean)"] = float(np.mean(last_eval))
+        out["eval: env steps of last evaluation"] = at
+    return out
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write the run's report (default RUN_DIR/report.html) and return its path."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a directory")
+    out = Path(out) if out else run_dir / "report.html"
+    cfg_path = run_dir / "config.yaml"
+    config = cfg_path.read_text() if cfg_path.exists() else "(no config.yaml)"
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    parts = [f"<h1>lucid run: {html.escape(run_dir.name)}</h1>",
+             f"<p>Directory <code>{html.escape(str(run_dir.resolve()))}</code>; report written "
+             f"{html.escape(time.strftime('%Y-%m-%d %H:%M:%S'))}.</p>"]
+
+    parts.append("<h2>Summary</h2>")
+    s = summary(run_dir)
+    parts.append(_table(list(s.items())) if s else "<p>No episodes or metrics logged yet.</p>")
+
+    parts.append("<h2>Learning curve</h2>")
+    if (run_dir / "episodes.jsonl").exists() and read_jsonl(run_dir / "episodes.jsonl"):
+        with tempfile.TemporaryDirectory() as tmp:
+            png = plot_runs([run_dir], Path(tmp) / "curve.png")
+            parts.append(f'<figure><img class="media" id="learning-curve" alt="learning curve" '
+                         f'src="{_data_uri(png, "image/png")}"><figcaption>Training episode '
+                         f'return (running mean of 10) against environment steps; circles: '
+                         f'greedy evaluation episodes.</figcaption></figure>')
+    else:
+        parts.append("<p>No episodes logged yet.</p>")
+
+    videos = sorted((run_dir / "videos").glob("*")) if (run_dir / "videos").is_dir() else []
+    videos = [v for v in videos if v.suffix.lower() in VIDEO_TYPES or
+              v.suffix.lower() in IMAGE_TYPES]
+    parts.append("<h2>Videos</h2>")
+    if videos:
+        for v in videos:
+            ext = v.suffix.lower()
+            cap = html.escape(v.name)
+            if ext in VIDEO_TYPES:
+                media = (f'<video controls loop muted preload="metadata">'
+                         f'<source src="{_data_uri(v, VIDEO_TYPES[ext])}" '
+                         f'type="{VIDEO_TYPES[ext]}">your browser cannot play {cap}</video>')
+            else:
+                media = f'<img class="media" alt="{cap}" src="{_data_uri(v, IMAGE_TYPES[ext])}">'
+            parts.append(f"<figure>{media}<figcaption>{cap}</figcaption></figure>")
+    else:
+        parts.append("<p>No videos in <code>videos/</code>; make some with "
+                     "<code>lucid eval RUN_DIR --video</code> and <code>lucid dream RUN_DIR"
+                     "</code>.</p>")
+
+    if metrics:
+        last = metrics[-1]
+        rows = [(k, v) for k, v in last.items() if isinstance(v, (int, float))]
+        parts.append("<h2>Last logged metrics</h2>")
+        parts.append(_table(rows))
+
+    parts.append("<h2>Config</h2>")
+    parts.append(f'<pre id="config">{html.escape(config)}</pre>')
+
+    page = ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>lucid report: {html.escape(run_dir.name)}</title>\n"
+            f"<style>{CSS}</style>\n</head>\n<body>\n" + "\n".join(parts)
+            + "\n</body>\n</html>\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(out)
+    return out
+
+
+def finish_run(trainer, writer=None, videos: bool = True, horizon: int = 45
+               ) -> dict[str, Path]:
+    """End-of-run artefacts for the training loop: RUN_DIR/curves.png, an evaluation video and
+    an open-loop dream video in RUN_DIR/videos/ (also added to TensorBoard through `writer`),
+    and RUN_DIR/report.html. A failure here only warns: it never costs a finished run."""
+    import warnings
+    run_dir = Path(trainer.run_dir)
+    out: dict[str, Path] = {}
+    steps = [("curves", lambda: {"curves": plot_runs([run_dir], run_dir / "curves.png")})]
+    if videos:
+        from .video import log_videos
+        steps.append(("videos", lambda: log_videos(trainer, writer,
+                                                   trainer.counters["env_steps"], horizon)))
+    steps.append(("report", lambda: {"report": write_report(run_dir)}))
+    for name, fn in steps:
+        try:
+            out.update(fn())
+        except Exception as exc:  # noqa: BLE001 - artefacts are a courtesy, the run is done
+            warnings.warn(f"could not write the run's {name}: {type(exc).__name__}: {exc}")
+    return out

@@ -1,0 +1,400 @@
+"""Videos, open-loop dreams, learning-curve plots, HTML reports and their CLI commands, on
+two tiny real CartPole runs (nano model, 160 env steps each) and a small image env."""
+
+import base64
+import json
+import shutil
+from html.parser import HTMLParser
+
+import gymnasium as gym
+import imageio.v2 as iio
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lucid import video
+from lucid.agent import Agent
+from lucid.cli import app
+from lucid.config import make_config
+from lucid.envs.spaces import ActionSpec, ObsSpec
+from lucid.nets import symexp
+from lucid.plot import group_curve, group_runs, load_run, plot_runs
+from lucid.replay import to_batch
+from lucid.report import write_report
+from lucid.train import Trainer
+
+cli = CliRunner()
+STEPS = 160
+
+
+def _tiny_run(path, seed):
+    cfg = make_config("cpu-control", [
+        "model.size=nano", "train.prefill=64", f"run.steps={STEPS}", "train.batch_size=2",
+        "train.batch_length=8", "train.train_ratio=8", "train.horizon=5", "run.progress=false",
+        "run.log_every=0", f"run.seed={seed}", f"run.run_dir={path}"])
+    tr = Trainer(cfg)
+    try:
+        tr.run()  # ends with a checkpoint and the replay on disk
+    finally:
+        tr.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("runs")
+    return [_tiny_run(base / f"s{s}", s) for s in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def trainer(runs):
+    tr = Trainer(make_config("default", run={"steps": 0}), runs[0], resume=True)
+    tr.collector.close()
+    return tr
+
+
+class DotEnv(gym.Env):
+    """16x16 RGB image with a bright 2x2 dot that the action moves left or right."""
+
+    def __init__(self, render_mode=None):
+        self.observation_space = gym.spaces.Box(0, 255, (16, 16, 3), np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+        self.x, self.t = 0, 0
+
+    def _obs(self):
+        img = np.full((16, 16, 3), 20, np.uint8)
+        img[7:9, self.x:self.x + 2] = (250, 120, 30)
+        return img
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x, self.t = 7, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.x = int(np.clip(self.x + (1 if action else -1), 0, 14))
+        self.t += 1
+        return self._obs(), 1.0, False, self.t >= 6, {}
+
+
+def _image_agent():
+    env = DotEnv()
+    spec, act = ObsSpec.from_space(env.observation_space), ActionSpec.from_space(env.action_space)
+    torch.manual_seed(0)
+    return Agent(spec, act, make_config("default", model={"size": "nano"}))
+
+
+def _image_batch(B=2, T=8):
+    env, rng = DotEnv(), np.random.default_rng(0)
+    obs, acts, first = [], [], []
+    for _ in range(B):
+        o, _ = env.reset()
+        row_o, row_a = [], []
+        for _ in range(T):
+            a = int(rng.integers(2))
+            row_o.append(o)
+            row_a.append(np.eye(2, dtype=np.float32)[a])
+            o, *_ = env.step(a)
+        obs.append(row_o)
+        acts.append(row_a)
+        first.append([True] + [False] * (T - 1))
+    return to_batch({"obs/image": np.array(obs, np.uint8), "action": np.array(acts),
+                     "is_first": np.array(first), "reward": np.zeros((B, T), np.float32),
+                     "is_last": np.zeros((B, T), bool), "is_terminal": np.zeros((B, T), bool)},
+                    torch.device("cpu"))
+
+
+# --------------------------------------------------------------------------- files
+
+
+def test_video_files_round_trip(tmp_path):
+    frames = np.zeros((7, 33, 50, 3), np.uint8)  # odd height: MP4 pads one row
+    for t in range(7):
+        frames[t, :, : 5 * (t + 1)] = (255, 0, 0) if t % 2 else (0, 0, 255)
+    mp4 = video.read_video(video.write_video(tmp_path / "a.mp4", frames, fps=10))
+    assert mp4.shape == (7, 34, 50, 3)
+    assert np.abs(mp4[:, :33].astype(int) - frames).mean() < 8  # lossy, but the same picture
+    gif = video.read_video(video.write_video(tmp_path / "a.gif", frames, fps=10))
+    assert gif.shape == (7, 33, 50, 3)
+    np.testing.assert_array_equal(gif, frames)  # three exact colours survive the palette
+    with pytest.raises(ValueError, match="mp4 or .gif"):
+        video.write_video(tmp_path / "a.avi", frames)
+
+
+def test_tensorboard_video_is_readable(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+    frames = np.random.default_rng(0).integers(0, 255, (5, 16, 24, 3), dtype=np.uint8)
+    writer = SummaryWriter(str(tmp_path))
+    how = video.log_video(writer, "dream/open_loop", frames, step=7)
+    writer.close()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    acc.Reload()
+    (event,) = acc.Images("dream/open_loop")
+    assert event.step == 7 and (event.width, event.height) == (24, 16)
+    if how == "gif":  # no moviepy: an animated GIF in an image summary, like add_video's
+        decoded = iio.mimread(event.encoded_image_string, format="GIF")
+        assert len(decoded) == 5
+    else:
+        assert how == "video"
+
+
+# --------------------------------------------------------------------------- episodes
+
+
+def test_recorded_episodes_render_the_env(trainer):
+    torch.manual_seed(5)  # the posterior latents are sampled even by the greedy policy
+    recs = video.record_episodes(trainer.agent, "CartPole-v1", 2, seed=3)
+    for r in recs:
+        assert r.frames.shape == (r.length + 1, 400, 600, 3)
+        assert r.ret == r.length  # CartPole: reward 1 per step
+    # same env seed and torch seed: the same episode again
+    torch.manual_seed(5)
+    again = video.record_episodes(trainer.agent, "CartPole-v1", 1, seed=3)[0]
+    np.testing.assert_array_equal(again.frames, recs[0].frames)
+
+
+def test_recorded_episodes_of_image_env_are_the_observations():
+    agent = _image_agent()
+    (rec,) = video.record_episodes(agent, f"{__name__}:DotEnv", 1, seed=0)
+    assert rec.length == 6 and rec.frames.shape == (7, 16, 16, 3)
+    np.testing.assert_array_equal(rec.frames[0], DotEnv().reset()[0])
+
+
+# --------------------------------------------------------------------------- open loop
+
+
+def test_open_loop_image_panels_and_dream_ignores_later_observations():
+    agent, batch = _image_agent(), _image_batch()
+    torch.manual_seed(1)
+    res = video.open_loop(agent, batch, context=3, horizon=5)
+    truth = batch["obs"]["image"].numpy()
+    assert res.truth["image"].shape == res.pred["image"].shape == (2, 8, 16, 16, 3)
+    frames = res.frames()
+    H, W, bar = 16, 16, video.BAR
+    assert frames.shape == (8, 2 * (H + bar), 3 * W, 3)
+    for b in range(2):
+        y = b * (H + bar)
+        np.testing.assert_array_equal(frames[:, y:y + H, :W], truth[b])  # truth panel
+        np.testing.assert_array_equal(frames[:, y:y + H, W:2 * W], res.pred["image"][b])
+        err = np.abs(truth[b].astype(int) - res.pred["image"][b].astype(int))
+        np.testing.assert_array_equal(frames[:, y:y + H, 2 * W:], err)
+        assert (frames[:3, y + H] == video.CONTEXT_COLOUR).all()  # context bar
+        assert (frames[3:, y + H] == video.DREAM_COLOUR).all()  # dream bar
+    # Context reconstructions decode the posterior of the first 3 observations (its latents
+    # are samples: the same torch seed gives the same ones).
+    wm = agent.wm
+    torch.manual_seed(1)
+    with torch.no_grad():
+        h, z, *_ = wm.observe(wm.encoder({"image": batch["obs"]["image"][:, :3]}),
+                              batch["action"][:, :3], batch["is_first"][:, :3])
+        recon = wm.decoder(wm.feat(h, z))["image"]
+    recon = ((recon + 0.5) * 255).clamp(0, 255).round().to(torch.uint8).movedim(-3, -1)
+    np.testing.assert_array_equal(res.pred["image"][:, :3], recon.numpy())
+    # Open loop: observations after the context never reach the model, actions do.
+    changed = {**batch, "obs": {"image": batch["obs"]["image"].clone()}}
+    changed["obs"]["image"][:, 3:] = 0
+    torch.manual_seed(1)
+    again = video.open_loop(agent, changed, context=3, horizon=5)
+    np.testing.assert_array_equal(again.pred["image"], res.pred["image"])
+    flipped = {**batch, "action": batch["action"].clone()}
+    flipped["action"][:, 2:] = flipped["action"][:, 2:].flip(-1)  # the actions driving the dream
+    torch.manual_seed(1)
+    other = video.open_loop(agent, flipped, context=3, horizon=5)
+    np.testing.assert_array_equal(other.pred["image"][:, :3], res.pred["image"][:, :3])
+    assert not np.array_equal(other.pred["image"][:, 3:], res.pred["image"][:, 3:])
+    with pytest.raises(ValueError, match="exceeds"):
+        video.open_loop(agent, batch, context=3, horizon=6)
+
+
+def test_open_loop_cartpole_renders_dreamed_states_beside_real_ones(trainer, tmp_path):
+    batch = video.dream_batch(trainer.replay, 2, 12, seed=0)
+    assert not batch["is_first"][:, 1:].any()  # one continuous episode per window
+    torch.manual_seed(2)
+    res = video.open_loop(trainer.agent, batch, context=4, horizon=8)
+    truth = batch["obs"]["vector"].numpy()
+    np.testing.assert_array_equal(res.truth["vector"], truth)
+    wm = trainer.agent.wm
+    torch.manual_seed(2)
+    with torch.no_grad():  # context predictions: symexp of the decoded posterior
+        h, z, *_ = wm.observe(wm.encoder({"vector": batch["obs"]["vector"][:, :4]}),
+                              batch["action"][:, :4], batch["is_first"][:, :4])
+        dec = symexp(wm.decoder(wm.feat(h, z))["vector"]).numpy()
+    np.testing.assert_allclose(res.pred["vector"][:, :4], dec, rtol=1e-5, atol=1e-6)
+    renderer = video.StateRenderer("CartPole-v1", downsample=2)
+    try:
+        frames = res.frames(renderer)
+        assert frames.shape == (12, 2 * (200 + video.BAR), 900, 3)
+        np.testing.assert_array_equal(frames[5, :200, :300], renderer.render(truth[0, 5]))
+        np.testing.assert_array_equal(frames[5, :200, 300:600],
+                                      renderer.render(res.pred["vector"][0, 5]))
+        # the renderer really draws the given state: a cart moved right is drawn elsewhere
+        moved = truth[0, 5].copy()
+        moved[0] += 1.0
+        assert not np.array_equal(renderer.render(moved), renderer.render(truth[0, 5]))
+    finally:
+        renderer.close()
+    assert not video.StateRenderer.supports(f"{__name__}:DotEnv")
+    # envs whose states cannot be drawn get a plot of truth and prediction per dimension
+    png = iio.imread(video.plot_open_loop(res, tmp_path / "vectors.png"))
+    assert png.ndim == 3 and png.shape[0] > 4 * 100
+
+
+# --------------------------------------------------------------------------- plot, report
+
+
+def test_plot_groups_seeds_of_one_config(runs, tmp_path):
+    other = tmp_path / "other"  # a third run of another config: its files, edited
+    shutil.copytree(runs[1], other)
+    cfg = (other / "config.yaml").read_text().replace("train_ratio: 8", "train_ratio: 16")
+    (other / "config.yaml").write_text(cfg)
+    loaded = [load_run(r) for r in (*runs, other)]
+    groups = group_runs(loaded)
+    assert sorted(len(v) for v in groups.values()) == [1, 2]
+    two = next(v for v in groups.values() if len(v) == 2)
+    assert {r.path for r in two} == set(runs)
+    label = next(k for k, v in groups.items() if len(v) == 2)
+    assert "train.train_ratio=8" in label and "2 seeds" in label
+    grid, mean, low, high, count = group_curve(two)
+    ok = count == 2
+    assert ok.any() and np.all(low[ok] <= mean[ok] + 1e-9) and np.all(mean[ok] <= high[ok] + 1e-9)
+    png = plot_runs([*runs, other], tmp_path / "curves.png")
+    img = iio.imread(png)
+    assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 300
+    assert plot_runs(runs, tmp_path / "wall.png", x="wall_time", band="std").exists()
+    with pytest.raises(ValueError, match="x must be"):
+        plot_runs(runs, tmp_path / "bad.png", x="updates")
+
+
+class _Page(HTMLParser):
+    VOID = {"meta", "img", "source", "br", "hr", "link", "input"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.errors, self.tags, self.text = [], [], [], {}
+        self._current = None
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag not in self.VOID:
+            self.stack.append(tag)
+        self._current = dict(attrs).get("id")
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"unexpected </{tag}> with open {self.stack}")
+        else:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        if self._current:
+            self.text[self._current] = self.text.get(self._current, "") + data
+
+
+def test_report_is_one_self_contained_page(runs, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(runs[0], run)
+    clip = video.write_video(run / "videos" / "dream.mp4",
+                             np.zeros((4, 16, 16, 3), np.uint8), fps=4)
+    page_path = write_report(run)
+    assert page_path == run / "report.html"
+    page = _Page()
+    page.feed(page_path.read_text())
+    page.close()
+    assert not page.errors and page.stack == []  # every element closed, in order
+    assert "size: nano" in page.text["config"] and "train_ratio: 8" in page.text["config"]
+    srcs = [a.get("src", "") for t, a in page.tags if t in ("img", "source")]
+    assert all(s.startswith("data:") for s in srcs)  # nothing fetched from elsewhere
+    assert not [a for t, a in page.tags if t in ("script", "link")]
+    curve = next(a for t, a in page.tags if t == "img" and a.get("id") == "learning-curve")
+    png = base64.b64decode(curve["src"].split(",", 1)[1])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and iio.imread(png).ndim == 3
+    assert any(t == "video" for t, _ in page.tags)
+    mp4 = next(a["src"] for t, a in page.tags if t == "source")
+    assert base64.b64decode(mp4.split(",", 1)[1]) == clip.read_bytes()
+    html_text = page_path.read_text()
+    assert f"<td>{STEPS}</td>" in html_text  # final env steps from metrics.jsonl
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_eval_video_dream_plot_report(runs, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(runs[0], run)
+    r = cli.invoke(app, ["eval", str(run), "--episodes", "1", "--video"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output.strip().splitlines()[-1])
+    (path,) = out["videos"]
+    frames = video.read_video(path)
+    assert path.startswith(str(run / "videos")) and frames.shape == (out["returns"][0] + 1,
+                                                                     400, 600, 3)
+    r = cli.invoke(app, ["dream", str(run), "--horizon", "6", "--context", "3", "--rows", "2",
+                         "--out", str(tmp_path / "dream.gif")])
+    assert r.exit_code == 0, r.output
+    assert video.read_video(tmp_path / "dream.gif").shape == (9, 2 * (200 + video.BAR), 900, 3)
+    r = cli.invoke(app, ["dream", str(run), "--horizon", "5000"])
+    assert r.exit_code == 2 and "horizon" in r.output
+    r = cli.invoke(app, ["plot", *map(str, runs), "--out", str(tmp_path / "c.png"),
+                         "--x", "wall_time"])
+    assert r.exit_code == 0, r.output
+    assert iio.imread(tmp_path / "c.png").ndim == 3
+    r = cli.invoke(app, ["report", str(run)])
+    assert r.exit_code == 0, r.output
+    text = (run / "report.html").read_text()
+    assert text.count("<video") == 1 and "data:video/mp4;base64," in text
+    r = cli.invoke(app, ["report", str(tmp_path / "missing")])
+    assert r.exit_code == 2
+
+
+def test_finish_run_writes_curve_videos_and_report(trainer, tmp_path):
+    """What train.py calls at the end of a run (and `log_videos` periodically)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+    from lucid.report import finish_run
+    run = tmp_path / "run"
+    shutil.copytree(trainer.run_dir, run)
+    old = trainer.run_dir
+    trainer.run_dir = run
+    try:
+        writer = SummaryWriter(str(run / "tb"))
+        rng = torch.get_rng_state()
+        out = finish_run(trainer, writer, horizon=10)
+        writer.close()
+        assert torch.equal(torch.get_rng_state(), rng)  # training's random stream untouched
+    finally:
+        trainer.run_dir = old
+    assert set(out) == {"curves", "eval", "dream", "report"}
+    assert len(video.read_video(out["dream"])) == 5 + 10  # context + horizon
+    acc = EventAccumulator(str(run / "tb"), size_guidance={"images": 0})
+    acc.Reload()
+    assert {"eval/video", "world_model/open_loop"} <= set(acc.Tags()["images"])
+    assert all(p.exists() for p in out.values())
+    assert out["dream"].parent == run / "videos" and out["dream"].suffix == ".mp4"
+    assert (run / "report.html").read_text().count("<video") == 2
+
+
+def _chromium():
+    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome",
+                                           "google-chrome-stable", "chrome") if shutil.which(n)),
+                None)
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no headless Chromium on this machine")
+def test_report_renders_in_headless_chromium(runs, tmp_path):
+    import subprocess
+    run = tmp_path / "run"
+    shutil.copytree(runs[0], run)
+    video.write_video(run / "videos" / "dream.mp4", np.zeros((4, 16, 16, 3), np.uint8), fps=4)
+    page = write_report(run)
+    shot = tmp_path / "shot.png"
+    base = [_chromium(), "--headless", "--disable-gpu", "--no-sandbox", "--hide-scrollbars",
+            "--window-size=1200,1600"]
+    subprocess.run([*base, f"--screenshot={shot}", page.as_uri()], check=True, timeout=60,
+                   capture_output=True)
+    img = iio.imread(shot)
+    assert img.shape[:2] == (1600, 1200) and img.std() > 0  # something was drawn
+    dom = subprocess.run([*base, "--dump-dom", page.as_uri()], check=True, timeout=60,
+                         capture_output=True, text=True).stdout
+    assert 'id="learning-curve"' in dom and "<video" in dom
