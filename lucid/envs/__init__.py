@@ -1,54 +1,214 @@
-"""Environment construction. `make_env(id)` accepts any registered gymnasium id, or
-`module.path:EnvClass` / `module.path:make_fn` for a user's own environment."""
+"""Environment construction: one name for every suite.
+
+    CartPole-v1, ALE/Pong-v5, ...   any registered gymnasium id
+    atari:Pong                      Atari, the 2023 paper's settings (sticky actions, 108k frames)
+    atari100k:Pong                  Atari100k (no sticky actions, 30 no-ops, minimal action set)
+    dmc:walker-walk                 DeepMind Control, proprioceptive vector, action repeat 2
+    dmc-vision:walker-walk          DeepMind Control, 64x64 camera images, action repeat 2
+    crafter                         Crafter, 64x64x3 (also crafter:reward, crafter:noreward)
+    minigrid:DoorKey-5x5            MiniGrid, 64x64 RGB
+    memory-maze:9x9                 Memory Maze, 64x64 RGB
+    envpool:Pong-v5                 envpool's C++ envs (Atari with the paper's settings)
+    module.path:EnvClass            your own env class, or
+    module.path:make_fn             a function returning a gymnasium.Env
+
+Suite options go as keyword arguments: `make_env("atari:Pong", gray=True, sticky=0.0)`.
+A suite whose optional package is missing raises `MissingExtraError` naming the pip extra.
+See docs/environments.md.
+"""
 
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
-from typing import Callable
+import os
+import sys
+from typing import Any, Callable
 
 import gymnasium as gym
 
+from .extras import MissingExtraError
 from .spaces import ActionSpec, ObsSpec
 
-__all__ = ["make_env", "env_fn", "ObsSpec", "ActionSpec", "UnknownEnvError"]
+__all__ = ["make_env", "env_fn", "default_preset", "SUITES", "ObsSpec", "ActionSpec",
+           "UnknownEnvError", "MissingExtraError"]
 
 
 class UnknownEnvError(ValueError):
     pass
 
 
-def _user_env(spec: str, **kwargs) -> gym.Env:
+# --------------------------------------------------------------------------- suites
+
+def _atari(task, **kw):
+    from .atari import make_atari
+    return make_atari(task, "atari", **kw)
+
+
+def _atari100k(task, **kw):
+    from .atari import make_atari
+    return make_atari(task, "atari100k", **kw)
+
+
+def _dmc(task, **kw):
+    from .dmc import make_dmc
+    return make_dmc(task, vision=False, **kw)
+
+
+def _dmc_vision(task, **kw):
+    from .dmc import make_dmc
+    return make_dmc(task, vision=True, **kw)
+
+
+def _crafter(task, render_mode=None, **kw):
+    from .crafter import CrafterEnv
+    if task not in ("", "reward", "noreward"):
+        raise UnknownEnvError(f"unknown Crafter variant {task!r}; use crafter, crafter:reward "
+                              f"or crafter:noreward")
+    return CrafterEnv(reward=task != "noreward", render_mode=render_mode, **kw)
+
+
+def _minigrid(task, **kw):
+    from .minigrid import make_minigrid
+    return make_minigrid(task, **kw)
+
+
+def _memory_maze(task, **kw):
+    from .memory_maze import make_memory_maze
+    return make_memory_maze(task, **kw)
+
+
+def _envpool(task, **kw):
+    from .envpool import make_envpool
+    return make_envpool(task, **kw)
+
+
+# prefix -> (builder(task, render_mode=..., **options), preset, pip extra)
+SUITES: dict[str, tuple[Callable[..., gym.Env], str, str]] = {
+    "atari": (_atari, "atari", "atari"),
+    "atari100k": (_atari100k, "atari100k", "atari"),
+    "dmc": (_dmc, "dmc-proprio", "dmc"),
+    "dmc-vision": (_dmc_vision, "dmc-vision", "dmc"),
+    "crafter": (_crafter, "crafter", "crafter"),
+    "minigrid": (_minigrid, "default", "minigrid"),
+    "memory-maze": (_memory_maze, "default", "memory-maze"),
+    "envpool": (_envpool, "default", "envpool"),
+}
+# Names that need no `:task` part.
+_BARE = {"crafter": ""}
+# Presets for plain gymnasium ids.
+_ID_PRESETS = {"CartPole-v1": "cpu-control"}
+
+
+def parse_env_id(env_id: str) -> tuple[str | None, str]:
+    """`atari:Pong` -> ("atari", "Pong"); `crafter` -> ("crafter", ""); a gymnasium id or
+    `module:attr` -> (None, env_id)."""
+    if env_id in gym.registry:
+        return None, env_id
+    if env_id in _BARE:
+        return env_id, _BARE[env_id]
+    prefix, sep, task = env_id.partition(":")
+    if sep and prefix in SUITES:
+        if not task and prefix not in _BARE:
+            raise UnknownEnvError(f"{env_id!r} names no task; e.g. {prefix}:{_EXAMPLES[prefix]}")
+        return prefix, task
+    return None, env_id
+
+
+_EXAMPLES = {"atari": "Pong", "atari100k": "Pong", "dmc": "walker-walk",
+             "dmc-vision": "walker-walk", "minigrid": "DoorKey-5x5", "memory-maze": "9x9",
+             "envpool": "Pong-v5"}
+
+
+def default_preset(env_id: str) -> str:
+    """The config preset named after the env's domain in the paper (`lucid train` picks it
+    when no --preset is given): atari, atari100k, dmc-proprio, dmc-vision, crafter;
+    cpu-control for CartPole-v1; default otherwise."""
+    if env_id in _ID_PRESETS:
+        return _ID_PRESETS[env_id]
+    try:
+        suite, task = parse_env_id(env_id)
+    except UnknownEnvError:
+        return "default"
+    if suite == "envpool" and task.endswith("-v5"):
+        return "atari"  # envpool's Atari ids
+    return SUITES[suite][1] if suite else "default"
+
+
+# --------------------------------------------------------------------------- user envs
+
+def _import_attr(spec: str):
     module, _, name = spec.partition(":")
     try:
-        obj = getattr(importlib.import_module(module), name)
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        # `lucid train my_envs:MyEnv` from a project directory: console scripts do not put
+        # the working directory on sys.path the way `python -m` does, so try it too.
+        cwd = os.getcwd()
+        if cwd in sys.path or (exc.name or "").split(".")[0] != module.split(".")[0]:
+            raise
+        sys.path.insert(0, cwd)
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            sys.path.remove(cwd)
+            raise
+    return getattr(mod, name)
+
+
+def _user_env(spec: str, **kwargs) -> gym.Env:
+    try:
+        obj = _import_attr(spec)
     except (ImportError, AttributeError) as exc:
+        if isinstance(exc, MissingExtraError):
+            raise
+        suites = ", ".join(f"{p}:" for p in SUITES)
         raise UnknownEnvError(f"cannot load environment {spec!r}: {exc}; use "
-                              f"`module.path:EnvClass` or `module.path:make_fn`") from None
+                              f"`module.path:EnvClass` or `module.path:make_fn`, or a suite "
+                              f"prefix ({suites})") from None
     env = obj(**kwargs)
     if not isinstance(env, gym.Env):
         raise UnknownEnvError(f"{spec!r} returned {type(env).__name__}, not a gymnasium.Env")
     return env
 
 
-def make_env(env_id: str, max_episode_steps: int | None = None, render_mode: str | None = None
-             ) -> gym.Env:
-    """Build one environment from a name (see the module docstring)."""
-    kwargs = {"render_mode": render_mode} if render_mode else {}
+# --------------------------------------------------------------------------- entry points
+
+def make_env(env_id: str, max_episode_steps: int | None = None, render_mode: str | None = None,
+             **options: Any) -> gym.Env:
+    """Build one environment from a name (see the module docstring). `options` are the
+    suite's settings (e.g. `gray=True` for Atari) or keyword arguments of a user's env."""
+    suite, task = parse_env_id(env_id)
+    if suite is not None:
+        builder = SUITES[suite][0]
+        env = builder(task, render_mode=render_mode, **options)
+        if max_episode_steps:
+            env = gym.wrappers.TimeLimit(env, max_episode_steps)
+        return env
+    kwargs = dict(options)
+    if render_mode:
+        kwargs["render_mode"] = render_mode
     if ":" in env_id and env_id not in gym.registry:
         env = _user_env(env_id, **kwargs)
         if max_episode_steps:
             env = gym.wrappers.TimeLimit(env, max_episode_steps)
         return env
+    if env_id.startswith("ALE/") and env_id not in gym.registry:
+        from .atari import _register
+        _register()
     if env_id not in gym.registry:
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise UnknownEnvError(f"unknown environment {env_id!r}{hint} (any registered gymnasium "
-                              f"id works, or `module.path:EnvClass` for your own env)")
+                              f"id, a suite such as atari:Pong or dmc:walker-walk, or "
+                              f"`module.path:EnvClass` for your own env)")
     if max_episode_steps:
         kwargs["max_episode_steps"] = max_episode_steps
     return gym.make(env_id, **kwargs)
 
 
-def env_fn(env_id: str, max_episode_steps: int | None = None) -> Callable[[], gym.Env]:
-    return lambda: make_env(env_id, max_episode_steps)
+def env_fn(env_id: str, max_episode_steps: int | None = None, **options: Any
+           ) -> Callable[[], gym.Env]:
+    """A picklable zero-argument constructor (for vector envs, also AsyncVectorEnv)."""
+    return functools.partial(make_env, env_id, max_episode_steps, **options)

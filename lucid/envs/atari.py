@@ -1,0 +1,114 @@
+"""Atari through ale-py, with the 2023 DreamerV3 paper's settings.
+
+`atari:Pong` (Atari 200M protocol): 64x64 RGB, action repeat 4 with a max-pool over the last
+two frames, sticky actions 0.25 (per emulator frame, Machado et al. 2018), the full action set
+of 18, no life-loss signal, episodes truncated at 108,000 emulator frames.
+`atari100k:Pong`: the same without sticky actions, with 1-30 random no-ops at reset and the
+game's minimal action set.
+
+The stack is ALE (frameskip 1) -> gymnasium StickyAction (per frame) -> gymnasium
+AtariPreprocessing (repeat, max-pool, resize with cv2 INTER_AREA, no-ops, grayscale option),
+with its step patched so an episode's last observation is its final screen.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import gymnasium as gym
+
+from .extras import require
+
+ATARI_DEFAULTS = dict(size=64, repeat=4, sticky=0.25, gray=False, noops=0, full_action_space=True,
+                      max_frames=108_000, life_loss=False)
+ATARI100K_DEFAULTS = dict(ATARI_DEFAULTS, sticky=0.0, noops=30, full_action_space=False)
+
+
+def game_id(game: str) -> str:
+    """`Pong`, `pong`, `space_invaders`, `ALE/Pong-v5` -> the ALE v5 gymnasium id."""
+    if game.startswith("ALE/"):
+        return game
+    if "_" in game or game.islower():
+        game = "".join(part[:1].upper() + part[1:] for part in game.split("_"))
+    return f"ALE/{game}-v5"
+
+
+def _register():
+    ale_py = require("ale_py", "atari", "atari")
+    require("cv2", "atari", "atari")
+    gym.register_envs(ale_py)
+
+
+def make_raw(game: str, sticky: float = 0.0, full_action_space: bool = True,
+             max_frames: int = 108_000, gray: bool = False, render_mode: str | None = None
+             ) -> gym.Env:
+    """The bare ALE env, one emulator frame per step, with per-frame sticky actions."""
+    _register()
+    gid = game_id(game)
+    if gid not in gym.registry:
+        games = sorted(k[4:-3] for k in gym.registry if k.startswith("ALE/") and k.endswith("-v5"))
+        close = difflib.get_close_matches(gid[4:-3], games, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown Atari game {game!r}{hint}")
+    kwargs = dict(frameskip=1, repeat_action_probability=0.0, full_action_space=full_action_space,
+                  max_num_frames_per_episode=max_frames, obs_type="grayscale" if gray else "rgb")
+    if render_mode:
+        kwargs["render_mode"] = render_mode
+    env = gym.make(gid, **kwargs)
+    if sticky:
+        # Per emulator frame, like the ALE's own repeat_action_probability, but observable.
+        env = gym.wrappers.StickyAction(env, repeat_action_probability=sticky)
+    return env
+
+
+class AtariPreprocessing(gym.wrappers.AtariPreprocessing):
+    """gymnasium's AtariPreprocessing, except that the observation returned when an episode
+    ends during the frame repeat shows the final screen. (gymnasium's stops before grabbing
+    the screen, so every episode's last observation would repeat the previous one.)"""
+
+    def _grab(self, out):
+        if self.grayscale_obs:
+            self.ale.getScreenGrayscale(out)
+        else:
+            self.ale.getScreenRGB(out)
+
+    def step(self, action):
+        total, terminated, truncated, info = 0.0, False, False, {}
+        for t in range(self.frame_skip):
+            _, reward, terminated, truncated, info = self.env.step(action)
+            total += reward
+            self.game_over = terminated
+            if self.terminal_on_life_loss:
+                lives = self.ale.lives()
+                terminated = terminated or lives < self.lives
+                self.game_over, self.lives = terminated, lives
+            if t == self.frame_skip - 2:
+                self._grab(self.obs_buffer[1])
+            if terminated or truncated:
+                if t < self.frame_skip - 2:  # no second-to-last frame in this step
+                    self._grab(self.obs_buffer[1])
+                break
+        self._grab(self.obs_buffer[0])
+        return self._get_obs(), total, terminated, truncated, info
+
+
+def wrap(env: gym.Env, size: int = 64, repeat: int = 4, gray: bool = False, noops: int = 0,
+         life_loss: bool = False) -> gym.Env:
+    """Frame repeat with max-pool of the last two frames, resize, no-ops."""
+    return AtariPreprocessing(
+        env, noop_max=noops, frame_skip=repeat, screen_size=size, terminal_on_life_loss=life_loss,
+        grayscale_obs=gray, grayscale_newaxis=True, scale_obs=False)
+
+
+def make_atari(game: str, benchmark: str = "atari", render_mode: str | None = None,
+               **overrides) -> gym.Env:
+    """`benchmark` is "atari" or "atari100k"; any default can be overridden by keyword:
+    size, repeat, sticky, gray, noops, full_action_space, max_frames, life_loss."""
+    opts = dict(ATARI100K_DEFAULTS if benchmark == "atari100k" else ATARI_DEFAULTS)
+    unknown = set(overrides) - set(opts)
+    if unknown:
+        raise TypeError(f"unknown Atari option(s) {sorted(unknown)}; options: {sorted(opts)}")
+    opts.update(overrides)
+    env = make_raw(game, opts["sticky"], opts["full_action_space"], opts["max_frames"],
+                   opts["gray"], render_mode)
+    return wrap(env, opts["size"], opts["repeat"], opts["gray"], opts["noops"], opts["life_loss"])

@@ -1,0 +1,542 @@
+"""Environment suites: names, the paper's preprocessing, spaces, time limits, extras.
+
+Each wrapper is checked against stepping the raw environment by hand. MuJoCo renders headless
+through EGL (MUJOCO_GL is set before anything imports mujoco).
+"""
+
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import importlib  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import cv2  # noqa: E402
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from lucid.envs import (ActionSpec, MissingExtraError, ObsSpec, UnknownEnvError,  # noqa: E402
+                        default_preset, env_fn, make_env)
+from lucid.envs.crafter import ACHIEVEMENTS, crafter_score, success_rates  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _find(env, cls):
+    """The wrapper of type `cls` in env's chain, or None."""
+    while True:
+        if isinstance(env, cls):
+            return env
+        if not hasattr(env, "env"):
+            return None
+        env = env.env
+
+
+class Spy(gym.Wrapper):
+    """Records every action that reaches the wrapped env, and its rewards."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.actions, self.rewards = [], []
+
+    def step(self, action):
+        self.actions.append(int(action))
+        out = self.env.step(action)
+        self.rewards.append(float(out[1]))
+        return out
+
+
+def _insert_spy_below(env, cls):
+    wrapper = _find(env, cls)
+    assert wrapper is not None, f"no {cls.__name__} in the wrapper chain"
+    spy = Spy(wrapper.env)
+    wrapper.env = spy
+    return spy
+
+
+# --------------------------------------------------------------------------- names, presets
+
+def test_default_preset_maps_env_names_to_the_paper_domains():
+    assert default_preset("CartPole-v1") == "cpu-control"
+    assert default_preset("Pendulum-v1") == "default"
+    assert default_preset("atari:Pong") == "atari"
+    assert default_preset("atari100k:Breakout") == "atari100k"
+    assert default_preset("dmc:walker-walk") == "dmc-proprio"
+    assert default_preset("dmc-vision:cartpole-swingup") == "dmc-vision"
+    assert default_preset("crafter") == "crafter"
+    assert default_preset("crafter:noreward") == "crafter"
+    assert default_preset("envpool:Pong-v5") == "atari"
+    assert default_preset("minigrid:DoorKey-5x5") == "default"
+    assert default_preset("examples.custom_env:MyEnv") == "default"
+    from lucid.config import PRESETS
+    for name in ("atari:Pong", "atari100k:Pong", "dmc:walker-walk", "dmc-vision:walker-walk",
+                 "crafter", "minigrid:Empty-5x5", "memory-maze:9x9", "CartPole-v1"):
+        assert default_preset(name) in PRESETS
+
+
+def test_unknown_names_get_suggestions():
+    with pytest.raises(ValueError, match="Pong"):
+        make_env("atari:Pongg")
+    with pytest.raises(ValueError, match="walker-walk"):
+        make_env("dmc:walker-wlk")
+    with pytest.raises(ValueError, match="DoorKey-5x5"):
+        make_env("minigrid:DoorKey-5x6")
+    with pytest.raises(UnknownEnvError, match="names no task"):
+        make_env("atari:")
+    with pytest.raises(TypeError, match="unknown Atari option"):
+        make_env("atari:Pong", grey=True)
+
+
+def test_env_fn_is_picklable_for_async_vector_envs():
+    import pickle
+    fn = pickle.loads(pickle.dumps(env_fn("atari100k:Pong", 5, gray=True)))
+    env = fn()
+    assert env.observation_space.shape == (64, 64, 1)
+    env.reset(seed=0)
+    for t in range(5):
+        *_, trunc, _ = env.step(0)
+    assert trunc  # max_episode_steps=5 went through
+    env.close()
+
+
+# --------------------------------------------------------------------------- Atari
+
+def test_atari_spaces_and_settings_of_both_benchmarks():
+    env = make_env("atari:Pong")
+    assert env.observation_space == gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    assert env.action_space.n == 18  # full action set
+    pre = _find(env, gym.wrappers.AtariPreprocessing)
+    assert pre.frame_skip == 4 and pre.noop_max == 0 and not pre.terminal_on_life_loss
+    assert _find(env, gym.wrappers.StickyAction).repeat_action_probability == 0.25
+    assert env.unwrapped.ale.getInt("max_num_frames_per_episode") == 108_000
+    assert env.unwrapped.ale.getFloat("repeat_action_probability") == 0.0  # ours, per frame
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (64, 64, 3) and obs.dtype == np.uint8 and obs.std() > 0
+    env.close()
+
+    env = make_env("atari100k:Pong")
+    assert env.action_space.n == 6  # minimal action set
+    assert _find(env, gym.wrappers.StickyAction) is None
+    assert _find(env, gym.wrappers.AtariPreprocessing).noop_max == 30
+    env.close()
+
+    env = make_env("atari:Pong", gray=True)
+    assert env.observation_space.shape == (64, 64, 1)
+    assert env.reset(seed=0)[0].shape == (64, 64, 1)
+    env.close()
+
+
+@pytest.mark.parametrize("gray", [False, True])
+def test_atari_repeat_and_max_pool_match_stepping_the_raw_emulator(gray):
+    import ale_py
+    gym.register_envs(ale_py)
+    raw = gym.make("ALE/Pong-v5", frameskip=1, repeat_action_probability=0.0,
+                   full_action_space=True, obs_type="grayscale" if gray else "rgb")
+    env = make_env("atari:Pong", sticky=0.0, gray=gray)
+    spy = _insert_spy_below(env, gym.wrappers.AtariPreprocessing)
+
+    def shrink(frame):
+        out = cv2.resize(frame, (64, 64), interpolation=cv2.INTER_AREA)
+        return out[..., None] if gray else out
+
+    obs, _ = env.reset(seed=3)
+    frame, _ = raw.reset(seed=3)
+    assert np.array_equal(obs, shrink(frame))
+    rng = np.random.default_rng(0)
+    pooled_differs = 0
+    total_env, total_raw = 0.0, 0.0
+    for t in range(120):
+        action = int(rng.integers(18))
+        frames, reward = [], 0.0
+        for _ in range(4):
+            frame, r, term, trunc, _ = raw.step(action)
+            frames.append(frame)
+            reward += r
+        n_before = len(spy.actions)
+        obs, r_env, term_env, trunc_env, _ = env.step(action)
+        assert len(spy.actions) - n_before == 4 and spy.actions[-4:] == [action] * 4
+        expected = shrink(np.maximum(frames[-2], frames[-1]))
+        assert np.array_equal(obs, expected), f"step {t}"
+        pooled_differs += not np.array_equal(expected, shrink(frames[-1]))
+        assert r_env == reward and (term_env, trunc_env) == (term, trunc)
+        total_env += r_env
+        total_raw += reward
+    assert pooled_differs > 0  # the max over two frames mattered (moving ball)
+    assert total_env == total_raw and total_raw != 0.0  # rewards passed through (a point)
+    env.close()
+    raw.close()
+
+
+def test_atari_sticky_actions_repeat_the_previous_frame_action_a_quarter_of_the_time():
+    env = make_env("atari:Pong")
+    spy = _insert_spy_below(env, gym.wrappers.StickyAction)
+    env.reset(seed=1)
+    asked = []
+    for t in range(500):  # 2000 emulator frames; the agent alternates two actions
+        a = 2 + t % 2
+        env.step(a)
+        asked += [a] * 4
+    done = spy.actions[-len(asked):]
+    changes = [i for i in range(1, len(asked)) if asked[i] != done[i - 1]]
+    stuck = sum(done[i] == done[i - 1] for i in changes)
+    rate = stuck / len(changes)
+    # binomial, n >= 500 changes: std <= 0.02
+    assert 0.19 < rate < 0.31, rate
+    assert all(done[i] in (asked[i], done[i - 1]) for i in range(1, len(asked)))
+    env.close()
+
+    env = make_env("atari100k:Pong")
+    spy = _insert_spy_below(env, gym.wrappers.AtariPreprocessing)
+    env.reset(seed=1)
+    n0 = len(spy.actions)
+    for t in range(100):
+        env.step(2 + t % 2)
+    assert spy.actions[n0:] == [2 + t % 2 for t in range(100) for _ in range(4)]  # never sticky
+    env.close()
+
+
+def test_atari100k_takes_1_to_30_noops_at_reset():
+    env = make_env("atari100k:Pong")
+    spy = _insert_spy_below(env, gym.wrappers.AtariPreprocessing)
+    counts = []
+    for seed in range(12):
+        n0 = len(spy.actions)
+        env.reset(seed=seed)
+        counts.append(len(spy.actions) - n0)
+        assert set(spy.actions[n0:]) <= {0}
+    assert all(1 <= c <= 30 for c in counts) and len(set(counts)) > 1, counts
+    env.close()
+
+
+def test_atari_frame_limit_truncates_and_the_last_observation_is_the_final_screen():
+    import ale_py
+    gym.register_envs(ale_py)
+    raw = gym.make("ALE/Pong-v5", frameskip=1, repeat_action_probability=0.0,
+                   full_action_space=True, max_num_frames_per_episode=402)
+    env = make_env("atari:Pong", max_frames=402, sticky=0.0)
+    env.reset(seed=0)
+    raw.reset(seed=0)
+    for t in range(101):
+        previous = obs if t else None
+        obs, _, term, trunc, info = env.step(3)
+        frames = []
+        for _ in range(4):
+            frame, _, raw_term, raw_trunc, _ = raw.step(3)
+            frames.append(frame)
+            if raw_term or raw_trunc:
+                break
+        assert not term and trunc == (t == 100)
+    # 402 frames: the episode ends on the 2nd frame of the 101st agent step
+    assert info["episode_frame_number"] == 402 and raw_trunc and len(frames) == 2
+    want = cv2.resize(np.maximum(frames[0], frames[1]), (64, 64), interpolation=cv2.INTER_AREA)
+    assert np.array_equal(obs, want) and not np.array_equal(obs, previous)
+    env.close()
+    raw.close()
+    assert make_env("atari:Pong").unwrapped.ale.getInt("max_num_frames_per_episode") == 108_000
+    # Breakout has 5 lives: losing one is no episode end without the life-loss signal.
+    # Breakout has 5 lives: losing one is no episode end without the life-loss signal.
+    env = make_env("atari:Breakout", sticky=0.0)
+    env.reset(seed=0)
+    lives, lost_without_end = env.unwrapped.ale.lives(), False
+    assert lives == 5
+    for _ in range(600):
+        _, _, term, trunc, _ = env.step(1)  # FIRE in place: the ball is soon missed
+        now = env.unwrapped.ale.lives()
+        if now < lives:
+            lost_without_end = not (term or trunc)
+            break
+    assert lost_without_end
+    env.close()
+
+
+# --------------------------------------------------------------------------- DMC
+
+def test_dmc_proprio_action_repeat_matches_raw_dm_control_and_time_limit():
+    from dm_control import suite
+    raw = suite.load("walker", "walk", task_kwargs={"random": 5})
+    env = make_env("dmc:walker-walk")
+    assert env.observation_space == gym.spaces.Box(-np.inf, np.inf, (24,), np.float32)
+    assert env.action_space == gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
+    obs, _ = env.reset(seed=5)
+    ts = raw.reset()
+
+    def flat(o):
+        return np.concatenate([np.asarray(v, np.float32).ravel() for v in o.values()])
+
+    assert obs.dtype == np.float32 and np.array_equal(obs, flat(ts.observation))
+    rng = np.random.default_rng(0)
+    for t in range(500):
+        a = rng.uniform(-1, 1, 6).astype(np.float32)
+        obs, r, term, trunc, _ = env.step(a)
+        reward = 0.0
+        for _ in range(2):
+            ts = raw.step(a)
+            reward += ts.reward
+        if t < 20:
+            assert np.allclose(obs, flat(ts.observation)) and math.isclose(r, reward)
+        if t < 499:
+            assert not (term or trunc)
+    assert trunc and not term  # 1000 control steps = 500 agent steps, a time limit
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(a)
+    env.close()
+
+    env = make_env("dmc:walker-walk", obs="dict")
+    assert set(env.observation_space.spaces) == {"orientations", "height", "velocity"}
+    assert env.observation_space["height"].shape == (1,)
+    spec = ObsSpec.from_space(env.observation_space)
+    assert spec.vector_dim == 24
+    obs, _ = env.reset(seed=0)
+    assert all(v.dtype == np.float32 for v in obs.values())
+
+
+def test_dm_env_adapter_terminations_truncations_and_repeat_stop_early():
+    import dm_env
+    from dm_env import specs
+
+    from lucid.envs.dmc import DMEnv
+
+    class Fake(dm_env.Environment):
+        def __init__(self, end, discount):
+            self.t, self.end, self.discount = 0, end, discount
+
+        def reset(self):
+            self.t = 0
+            return dm_env.restart({"x": np.zeros(2), "y": np.float64(0.0)})
+
+        def step(self, action):
+            self.t += 1
+            obs = {"x": np.full(2, self.t, np.float64), "y": np.float64(-self.t)}
+            if self.t == self.end:
+                return dm_env.termination(1.0, obs) if self.discount == 0 else \
+                    dm_env.truncation(1.0, obs)
+            return dm_env.transition(1.0, obs)
+
+        def observation_spec(self):
+            return {"x": specs.Array((2,), np.float64), "y": specs.Array((), np.float64)}
+
+        def action_spec(self):
+            return specs.BoundedArray((1,), np.float64, -2.0, 2.0)
+
+    for discount, want in ((0.0, (True, False)), (1.0, (False, True))):
+        env = DMEnv(lambda seed: Fake(3, discount), repeat=2)
+        assert env.action_space == gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+        obs, _ = env.reset()
+        assert obs.shape == (3,) and obs.dtype == np.float32
+        obs, r, term, trunc, _ = env.step(np.zeros(1))
+        assert r == 2.0 and (term, trunc) == (False, False) and obs.tolist() == [2, 2, -2]
+        obs, r, term, trunc, info = env.step(np.zeros(1))
+        assert r == 1.0 and (term, trunc) == want and obs.tolist() == [3, 3, -3]
+        assert info["discount"] == discount
+
+
+def test_dmc_vision_renders_64x64_pixels_headless_like_the_raw_renderer():
+    from dm_control import suite
+    env = make_env("dmc-vision:cartpole-swingup", fast_render=True)
+    assert env.observation_space == gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    assert env.unwrapped.dm_env.physics.model.vis.quality.shadowsize == 256
+    raw = suite.load("cartpole", "swingup", task_kwargs={"random": 2})
+    raw.physics.model.vis.quality.shadowsize = 256
+    raw.physics.model.vis.quality.offsamples = 0
+    obs, _ = env.reset(seed=2)
+    raw.reset()
+    assert obs.dtype == np.uint8 and obs.shape == (64, 64, 3) and obs.std() > 1
+    first = obs
+    for _ in range(3):
+        obs, r, term, trunc, _ = env.step(np.ones(1, np.float32))
+        raw.step(np.ones(1))
+        raw.step(np.ones(1))
+    want = raw.physics.render(64, 64, camera_id=0)
+    assert np.abs(obs.astype(int) - want.astype(int)).mean() < 1.0
+    assert not np.array_equal(first, obs)  # the cart moved
+    assert os.environ["MUJOCO_GL"] in ("egl", "osmesa")
+    env.close()
+
+
+# --------------------------------------------------------------------------- Crafter
+
+def test_crafter_matches_the_raw_env_with_achievements_and_time_limit():
+    import crafter
+    env = make_env("crafter", length=30)
+    assert env.observation_space == gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    assert env.action_space.n == 17
+    raw = crafter.Env(size=(64, 64), length=30, seed=7)
+    obs, info = env.reset(seed=7)
+    assert np.array_equal(obs, raw.reset()) and set(info["achievements"]) == set(ACHIEVEMENTS)
+    rng = np.random.default_rng(0)
+    for t in range(30):
+        a = int(rng.integers(17))
+        obs, r, term, trunc, info = env.step(a)
+        raw_obs, raw_r, done, raw_info = raw.step(a)
+        assert np.array_equal(obs, raw_obs) and r == raw_r
+        assert info["achievements"] == raw_info["achievements"]
+        assert obs.dtype == np.uint8
+        if t < 29:
+            assert not (term or trunc)
+    assert trunc and not term  # the length limit; a death would be a termination
+    assert make_env("crafter:noreward").reset(seed=0)[0].shape == (64, 64, 3)
+
+
+def test_crafter_score_hand_worked():
+    assert crafter_score([0.0] * 22) == 0.0
+    assert crafter_score([100.0] * 22) == pytest.approx(100.0)
+    assert crafter_score([0.0, 3.0]) == pytest.approx(1.0)  # exp((ln 1 + ln 4) / 2) - 1 = 1
+    assert crafter_score([100.0, 0.0]) == pytest.approx(math.sqrt(101) - 1)
+    episodes = [{"collect_wood": 2, "place_table": 1}, {"collect_wood": 1}, {},
+                {"collect_wood": 1, "wake_up": 1, "eat_cow": 0}]
+    rates = success_rates(episodes)
+    assert rates["collect_wood"] == 75.0 and rates["place_table"] == 25.0
+    assert rates["wake_up"] == 25.0 and rates["eat_cow"] == 0.0 and len(rates) == 22
+    # exp((ln 76 + 2 ln 26) / 22) - 1 = exp(10.846927 / 22) - 1 = exp(0.4930421) - 1
+    assert crafter_score(rates) == pytest.approx(0.637289, abs=1e-5)
+    with pytest.raises(KeyError):
+        crafter_score({"collect_gold": 10.0})
+    with pytest.raises(ValueError):
+        crafter_score([120.0])
+
+
+# --------------------------------------------------------------------------- MiniGrid
+
+def test_minigrid_is_the_resized_rgb_grid_with_its_time_limit_and_goal():
+    from minigrid.wrappers import ImgObsWrapper, RGBImgObsWrapper
+    env = make_env("minigrid:DoorKey-5x5")
+    assert env.observation_space == gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    assert env.action_space.n == 7
+    raw = ImgObsWrapper(RGBImgObsWrapper(gym.make("MiniGrid-DoorKey-5x5-v0"), tile_size=16))
+    obs, _ = env.reset(seed=4)
+    raw_obs, _ = raw.reset(seed=4)
+    assert raw_obs.shape == (80, 80, 3)
+    assert np.array_equal(obs, cv2.resize(raw_obs, (64, 64), interpolation=cv2.INTER_AREA))
+    for a in (2, 1, 2, 0):
+        obs, *_ = env.step(a)
+        raw_obs, *_ = raw.step(a)
+        assert np.array_equal(obs, cv2.resize(raw_obs, (64, 64), interpolation=cv2.INTER_AREA))
+
+    env = make_env("minigrid:Empty-5x5")
+    env.reset(seed=0)
+    for t in range(100):  # turning in place never reaches the goal: truncated at max_steps
+        _, r, term, trunc, _ = env.step(0)
+        assert not term and (trunc == (t == 99))
+    env.reset(seed=0)  # start (1, 1) facing right, goal (3, 3)
+    for a in (2, 2, 1, 2):
+        assert env.step(a)[2] is False
+    _, r, term, trunc, _ = env.step(2)
+    assert term and not trunc and r == pytest.approx(1 - 0.9 * 5 / 100)
+
+
+# --------------------------------------------------------------------------- extras
+
+@pytest.mark.parametrize("env_id,module,extra", [
+    ("atari:Pong", "ale_py", "atari"),
+    ("atari100k:Pong", "ale_py", "atari"),
+    ("dmc:walker-walk", "mujoco", "dmc"),
+    ("dmc-vision:walker-walk", "dm_control.suite", "dmc"),
+    ("crafter", "crafter", "crafter"),
+    ("minigrid:DoorKey-5x5", "minigrid", "minigrid"),
+    ("memory-maze:9x9", "memory_maze.tasks", "memory-maze"),
+    ("envpool:Pong-v5", "envpool", "envpool"),
+])
+def test_a_missing_optional_package_names_the_extra_to_install(monkeypatch, env_id, module,
+                                                                extra):
+    monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail
+    with pytest.raises(MissingExtraError) as err:
+        make_env(env_id)
+    assert f"pip install 'lucid-rl[{extra}]'" in str(err.value)
+    assert module in str(err.value)
+    # an ImportError, and a ValueError so the CLI prints it as a one-line error
+    assert isinstance(err.value, ImportError) and isinstance(err.value, ValueError)
+
+
+def test_memory_maze_and_envpool_build_when_installed_else_name_their_extra():
+    for env_id, module, extra in (("memory-maze:9x9", "memory_maze", "memory-maze"),
+                                  ("envpool:Pong-v5", "envpool", "envpool")):
+        try:
+            importlib.import_module(module)
+            installed = True
+        except ImportError:
+            installed = False
+        if installed:
+            env = make_env(env_id)
+            try:
+                obs, _ = env.reset(seed=0)
+                assert obs.shape == (64, 64, 3) and obs.dtype == np.uint8
+                obs, r, term, trunc, _ = env.step(env.action_space.sample())
+                assert obs.shape == (64, 64, 3)
+            finally:
+                env.close()
+        else:
+            with pytest.raises(MissingExtraError, match=rf"lucid-rl\[{extra}\]"):
+                make_env(env_id)
+
+
+# --------------------------------------------------------------------------- custom envs
+
+def test_custom_env_example_loads_from_the_working_directory(monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path
+                                      if p not in ("", ".", str(REPO))])
+    for name in [m for m in sys.modules if m == "examples" or m.startswith("examples.")]:
+        monkeypatch.delitem(sys.modules, name)
+    for spec in ("examples.custom_env:MyEnv", "examples.custom_env:make_env"):
+        env = make_env(spec, max_episode_steps=7)
+        obs, _ = env.reset(seed=0)
+        assert obs["image"].shape == (64, 64, 3) and obs["position"].dtype == np.float64
+        for t in range(7):
+            *_, term, trunc, _ = env.step(np.array([1, 1]))  # stand still
+        assert trunc and not term
+    with pytest.raises(UnknownEnvError, match="module.path:EnvClass"):
+        make_env("examples.custom_env:NoSuchEnv")
+
+
+# --------------------------------------------------------------------------- vector envs
+
+@pytest.mark.parametrize("env_id,options", [
+    ("atari:Pong", {}),
+    ("atari100k:Pong", {"gray": True}),
+    ("dmc:walker-walk", {"obs": "dict"}),
+    ("dmc-vision:cartpole-swingup", {"fast_render": True}),
+    ("crafter", {}),
+    ("minigrid:DoorKey-5x5", {}),
+    ("examples.custom_env:MyEnv", {}),
+])
+def test_suites_step_through_sync_vector_env_and_obs_spec(env_id, options, monkeypatch):
+    monkeypatch.chdir(REPO)
+    envs = gym.vector.SyncVectorEnv([env_fn(env_id, None, **options)] * 2,
+                                    autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    obs_spec = ObsSpec.from_space(envs.single_observation_space)
+    act_spec = ActionSpec.from_space(envs.single_action_space)
+    envs.action_space.seed(0)
+    obs, _ = envs.reset(seed=0)
+    for _ in range(3):
+        model_action = act_spec.from_env(envs.action_space.sample())
+        obs, reward, term, trunc, _ = envs.step(act_spec.to_env(model_action))
+        arrays = obs_spec.convert(obs, (2,))
+        assert reward.shape == (2,) and np.all(np.isfinite(reward))
+    for key, shape in obs_spec.images.items():
+        assert arrays[key].shape == (2, *shape) and arrays[key].dtype == np.uint8
+        assert shape[:2] == (64, 64)
+    for key, size in obs_spec.vectors.items():
+        assert arrays[key].shape == (2, size) and arrays[key].dtype == np.float32
+    envs.close()
+
+
+def test_custom_env_trains_through_the_python_api(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    from lucid import Dreamer
+    agent = Dreamer("examples.custom_env:MyEnv", preset="cpu-control", size="nano",
+                    run_dir=tmp_path / "run",
+                    train={"batch_size": 2, "batch_length": 8, "prefill": 64,
+                           "train_ratio": 8, "replay_capacity": 1000})
+    assert agent.trainer.obs_spec.images == {"image": (64, 64, 3)}
+    assert agent.trainer.obs_spec.vectors == {"position": 4}
+    assert agent.trainer.act_spec.discrete == [3, 3]
+    agent.learn(96)
+    assert agent.trainer.counters["env_steps"] >= 96 and agent.trainer.counters["updates"] >= 10
+    env = make_env("examples.custom_env:MyEnv")
+    obs, _ = env.reset(seed=0)
+    action, _ = agent.predict(obs, deterministic=True)
+    assert env.action_space.contains(np.asarray(action, np.int64))
+    agent.trainer.close()
