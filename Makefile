@@ -11,6 +11,11 @@ PYTEST_ARGS ?=
 .PHONY: setup train test test-all bench clean
 
 $(BIN)/.installed: pyproject.toml
+	@# Headless Chromium (Debian package) renders `lucid report` pages in the tests.
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
+	  apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1) || \
+	  echo "note: could not install chromium; the report rendering test will be skipped"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q $(TORCH) $(TORCH_PIP_ARGS)
 	$(BIN)/python -m pip install -q -e ".[dev]"

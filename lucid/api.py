@@ -1,30 +1,64 @@
 """A small stable-baselines-like Python API over the trainer.
 
     from lucid import Dreamer
-    agent = Dreamer("CartPole-v1", preset="cpu-control")
-    agent.learn(20_000)
+    agent = Dreamer("CartPole-v1")                # or Dreamer(MyEnv()), Dreamer("atari:Pong")
+    agent.learn(20_000, callback=lambda info: info["return"] < 475)  # False stops learning
     action, state = agent.predict(obs)            # one env (no batch axis) or a batch
     agent.save("cartpole.pt"); agent = Dreamer.load("cartpole.pt")
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
 from .checkpoint import atomic_torch_save, load_checkpoint, FORMAT_VERSION
 from .config import from_yaml, make_config, to_yaml
+from .envs import default_preset
 from .train import Trainer
 
 
+_INSTANCES: dict[str, Any] = {}
+
+
+def _instance_factory(name: str):
+    """A `module:Attr` constructor for an env instance given to Dreamer: the training env is
+    the instance itself; evaluation envs are deep copies of it."""
+    def make(**kwargs):
+        env, used = _INSTANCES[name]
+        if used:
+            return copy.deepcopy(env)
+        _INSTANCES[name] = (env, True)
+        return env
+    return make
+
+
+def _register_instance(env) -> str:
+    name = f"_env_instance_{len(_INSTANCES)}"
+    _INSTANCES[name] = (copy.deepcopy(env), False)  # a pristine copy: make() hands it out
+    globals()[name] = _instance_factory(name)
+    return f"{__name__}:{name}"
+
+
 class Dreamer:
-    def __init__(self, env: str, preset: str = "default", size: str | None = None,
+    def __init__(self, env, preset: str | None = None, size: str | None = None,
                  run_dir: str | Path | None = None, **overrides: Any):
-        """`overrides` are config keys as section__key=value (e.g. train__train_ratio=64)
-        or nested dicts per section (train={"train_ratio": 64})."""
+        """`env` is an env name (any gymnasium id, a suite name such as `atari:Pong`, or
+        `module.path:EnvClass`) or a gymnasium.Env instance (trained with one env; such a run
+        cannot be resumed from the command line). `preset` defaults to the env's domain
+        preset. `overrides` are config keys as section__key=value (e.g.
+        train__train_ratio=64) or nested dicts per section (train={"train_ratio": 64})."""
+        if isinstance(env, gym.Env):
+            env = _register_instance(env)
+            overrides.setdefault("env", {})
+            if isinstance(overrides["env"], dict):
+                overrides["env"].setdefault("num_envs", 1)
+        preset = preset or default_preset(env)
         sections: dict = {"env": {"id": env}}
         for key, val in overrides.items():
             if isinstance(val, dict):
@@ -39,9 +73,12 @@ class Dreamer:
         self.trainer = Trainer(self.cfg, run_dir)
         self.agent = self.trainer.agent
 
-    def learn(self, total_env_steps: int) -> "Dreamer":
+    def learn(self, total_env_steps: int, callback=None) -> "Dreamer":
+        """Train for `total_env_steps` more env steps. `callback(info)` is called after every
+        finished training episode with a dict of the counters, `return` and `length`;
+        returning False stops learning (with a checkpoint)."""
         self.trainer.cfg.run.steps = self.trainer.counters["env_steps"] + total_env_steps
-        self.trainer.run()
+        self.trainer.run(callback=callback)
         return self
 
     def predict(self, obs, state=None, deterministic: bool = False):

@@ -11,18 +11,18 @@ from typing import List, Optional
 import typer
 
 from .config import PRESETS, SIZES, ConfigError, make_config, to_yaml
+from .envs import default_preset
 
 app = typer.Typer(add_completion=False, no_args_is_help=False,
                   help="DreamerV3 world-model agents. `lucid train` learns CartPole-v1 on a CPU.")
 
 DEFAULT_ENV = "CartPole-v1"
-DEFAULT_CPU_PRESET = "cpu-control"
 
 
 def _build(env: str, preset: Optional[str], size: Optional[str], steps: Optional[int],
            seed: Optional[int], run_dir: Optional[str], device: Optional[str],
            overrides: List[str]):
-    preset = preset or (DEFAULT_CPU_PRESET if env == DEFAULT_ENV else "default")
+    preset = preset or default_preset(env)  # the paper's domain preset, cpu-control for CartPole
     sections: dict = {"env": {"id": env}, "run": {}, "model": {}}
     if size:
         if size not in SIZES:
@@ -37,7 +37,7 @@ def _build(env: str, preset: Optional[str], size: Optional[str], steps: Optional
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def train(
     ctx: typer.Context,
-    env: str = typer.Argument(DEFAULT_ENV, help="gymnasium id or module.path:EnvClass"),
+    env: str = typer.Argument(DEFAULT_ENV, help="gymnasium id, a suite name (atari:Pong, atari100k:Pong, dmc:walker-walk, dmc-vision:walker-walk, crafter, minigrid:DoorKey-5x5, memory-maze:9x9, envpool:Pong-v5) or module.path:EnvClass"),
     preset: Optional[str] = typer.Option(None, help=f"one of: {', '.join(PRESETS)}"),
     size: Optional[str] = typer.Option(None, help=f"model size: {', '.join(SIZES)}"),
     steps: Optional[int] = typer.Option(None, help="environment steps to train for"),
@@ -59,7 +59,7 @@ def train(
         else:
             cfg = _build(env, preset, size, steps, seed, run_dir, device, overrides)
             trainer = Trainer(cfg)
-    except (ConfigError, ValueError, FileNotFoundError, TypeError) as exc:
+    except (ConfigError, ValueError, FileNotFoundError, TypeError, ImportError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2)
     typer.echo(f"run directory: {trainer.run_dir}  (preset {trainer.cfg.preset}, "
@@ -134,6 +134,7 @@ def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str):
     paths = [str(Path(run_dir) / "videos" / f"eval-{steps:09d}-ep{i}.{video_format}")
              for i in range(episodes)]
     recs = record_episodes(trainer.agent, cfg.env.id, episodes, cfg.env.max_episode_steps,
+                           env_kwargs=dict(cfg.env.kwargs),
                            explore=sampled, seed=cfg.run.seed + 10_000, paths=paths)
     rets = [r.ret for r in recs]
     typer.echo(json.dumps({"episodes": len(rets), "mean_return": sum(rets) / len(rets),

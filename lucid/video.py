@@ -274,7 +274,7 @@ def _obs_frame(arrays: dict[str, np.ndarray], spec) -> np.ndarray:
 def record_episodes(agent, env_id: str, episodes: int = 1, max_episode_steps: int | None = None,
                     explore: bool = False, seed: int = 10_000, max_steps: int = 10_000,
                     paths: Sequence[str | Path] | None = None, fps: float = 30.0,
-                    downsample: int = 1) -> list[Recording]:
+                    downsample: int = 1, env_kwargs: dict | None = None) -> list[Recording]:
     """Run `episodes` episodes of one env with the agent's greedy (or sampled) policy and keep
     a frame of every step: `env.render()` for vector observations, the image observations
     themselves otherwise. `max_steps` caps an episode (its return is then partial).
@@ -288,7 +288,8 @@ def record_episodes(agent, env_id: str, episodes: int = 1, max_episode_steps: in
     spec = agent.obs_spec
     use_images = bool(spec.images)
     k = max(1, int(downsample))
-    env = make_env(env_id, max_episode_steps, render_mode=None if use_images else "rgb_array")
+    env = make_env(env_id, max_episode_steps, render_mode=None if use_images else "rgb_array",
+                   **(env_kwargs or {}))
 
     def frame(arrays):
         return _obs_frame(arrays, spec) if use_images else to_rgb(env.render()[::k, ::k])
@@ -518,6 +519,7 @@ def _log_videos(trainer, writer, step, horizon, context, fps, rows) -> dict[str,
     out_dir = Path(trainer.run_dir) / "videos"
     paths: dict[str, Path] = {}
     rec = record_episodes(trainer.agent, cfg.env.id, 1, cfg.env.max_episode_steps,
+                          env_kwargs=dict(cfg.env.kwargs),
                           seed=cfg.run.seed + 20_000 + step, max_steps=1000, downsample=2)[0]
     paths["eval"] = write_video(out_dir / f"eval-{step:09d}.mp4", rec.frames, fps=30)
     if writer is not None:

@@ -69,3 +69,26 @@ def test_dreamer_api_learn_predict_save_load(tmp_path):
     assert int(a2) == int(action)
     for p, q in zip(agent.agent.wm.parameters(), again.agent.wm.parameters()):
         assert torch.equal(p, q)
+
+
+def test_dreamer_api_takes_an_env_instance_and_a_callback(tmp_path):
+    import gymnasium as gym
+    env = gym.make("CartPole-v1", max_episode_steps=30)
+    seen = []
+
+    def callback(info):
+        seen.append(info)
+        return len(seen) < 3  # stop after the third episode
+
+    agent = Dreamer(env, size="nano", run_dir=tmp_path / "run",
+                    train={"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 20,
+                           "train_ratio": 16})
+    assert agent.cfg.preset == "default" and agent.cfg.env.num_envs == 1
+    agent.learn(10_000, callback=callback)
+    assert len(seen) == 3 and all(1 <= s["length"] <= 30 for s in seen)
+    assert agent.trainer.counters["episodes"] == 3
+    assert agent.trainer.counters["env_steps"] == seen[-1]["env_steps"] < 10_000  # stopped
+    rets = agent.evaluate(2)  # evaluation runs in a copy of the instance
+    assert len(rets) == 2 and all(1 <= r <= 30 for r in rets)
+    agent.learn(20)  # a stopped run can learn again
+    assert agent.trainer.counters["env_steps"] >= seen[-1]["env_steps"] + 20
