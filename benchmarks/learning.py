@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TASKS = {
     "cartpole": ("CartPole-v1", "cpu-control", 450.0, 10.0, []),
     "pendulum": ("Pendulum-v1", "cpu-control", -250.0, 30.0, []),
+    "minigrid": ("minigrid:Empty-5x5", "cpu-pixels", 0.85, 30.0, []),
 }
 
 

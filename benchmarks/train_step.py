@@ -1,20 +1,27 @@
 """Milliseconds per agent update (world model + actor + critic) on synthetic batches.
 
     python benchmarks/train_step.py --size mini XS --obs vector image --action discrete
-    python benchmarks/train_step.py --size XS --batch 16 --length 64 --iters 10 --json out.json
+    python benchmarks/train_step.py --size all --obs vector image --action discrete continuous
+    python benchmarks/train_step.py --size nano XXS --both          # eager and compiled
+    python benchmarks/train_step.py --size XS --threads 2 --iters 10 --json out.json
 
-Prints a table (median / min / max ms per update, updates/s, replayed steps/s, peak RSS or
-CUDA memory) and writes JSON with the machine's description. Numbers, not asserts.
+For every (size, observation, action, mode) it prints median / min / max ms per update over
+`--iters` updates after `--warmup` (the first compiled update, which compiles, is reported as
+`first_s`), updates/s, replayed steps/s, peak memory (RSS on CPU, max allocated on CUDA),
+floating-point operations per update (forward + backward of one `train_step`, counted with
+torch's FlopCounterMode: matrix products and convolutions only, not elementwise ops), the
+achieved GFLOP/s and its fraction of a matrix-multiply peak measured in the same run at the
+same thread count. Each configuration runs in its own subprocess (clean peak RSS and compile
+caches) unless `--inline`. JSON holds the machine's description, load average and library
+versions. Numbers, not asserts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,21 +31,16 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, matmul_peak, peak_rss_mb, write_json  # noqa: E402
+
 from lucid.agent import Agent  # noqa: E402
-from lucid.config import make_config  # noqa: E402
+from lucid.config import SIZES, make_config  # noqa: E402
 from lucid.envs.spaces import ActionSpec, ObsSpec  # noqa: E402
 
 
-def machine() -> dict:
-    return {
-        "platform": platform.platform(), "python": platform.python_version(),
-        "torch": torch.__version__, "numpy": np.__version__, "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(), "load_avg": os.getloadavg(),
-        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-    }
-
-
 def spaces(obs: str, action: str):
+    """vector: 4 floats (CartPole-shaped); image: 64x64x3 uint8. 6 actions either way."""
     obs_space = (gym.spaces.Box(-1, 1, (4,)) if obs == "vector"
                  else gym.spaces.Box(0, 255, (64, 64, 3), np.uint8))
     act_space = gym.spaces.Discrete(6) if action == "discrete" else gym.spaces.Box(-1, 1, (6,))
@@ -68,67 +70,149 @@ def batch_for(obs_spec: ObsSpec, act_spec: ActionSpec, B: int, T: int, device) -
 def peak_memory_mb(device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_mb()
 
 
-def bench(size, obs, action, B, T, iters, warmup, device) -> dict:
-    cfg = make_config("default", model={"size": size},
-                      train={"batch_size": B, "batch_length": T})
+def count_flops(agent: Agent, batch: dict) -> int:
+    """Floating-point operations of one full update (forward and backward of all three
+    losses), as counted by torch.utils.flop_counter (matmuls, convolutions, attention)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        agent.train_step(batch)
+    return int(counter.get_total_flops())
+
+
+def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
+          horizon: int | None = None) -> dict:
+    train = {"batch_size": B, "batch_length": T}
+    if horizon:
+        train["horizon"] = horizon
+    cfg = make_config("default", model={"size": size}, train=train)
     obs_spec, act_spec = spaces(obs, action)
     torch.manual_seed(0)
-    agent = Agent(obs_spec, act_spec, cfg, device)
+    agent = Agent(obs_spec, act_spec, cfg, device)  # eager; compiled below (same maths)
     batch = batch_for(obs_spec, act_spec, B, T, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    flops = count_flops(agent, batch)  # also the eager warm-up
+    first_s = None
+    if compile_:
+        agent.config.train.compile = True
+        agent._compile()  # what `train.compile=true` does at construction
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times = []
     for i in range(warmup + iters):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         agent.train_step(batch)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        sync()
+        dt = time.perf_counter() - t0
+        if i == 0:
+            first_s = dt
         if i >= warmup:
-            times.append(time.perf_counter() - t0)
+            times.append(dt)
     med = statistics.median(times)
     return {"size": size, "obs": obs, "action": action, "B": B, "T": T,
             "horizon": cfg.train.horizon, "device": str(device),
+            "mode": "compiled" if compile_ else "eager",
             "ms_median": 1e3 * med, "ms_min": 1e3 * min(times), "ms_max": 1e3 * max(times),
-            "updates_per_s": 1 / med, "replayed_steps_per_s": B * T / med,
+            "first_s": first_s, "updates_per_s": 1 / med, "replayed_steps_per_s": B * T / med,
+            "flops_per_update": flops, "gflops_per_s": flops / med / 1e9,
             "peak_mem_mb": peak_memory_mb(device), "params": agent.num_params(),
-            "iters": iters}
+            "threads": torch.get_num_threads(), "iters": iters, "warmup": warmup}
+
+
+def run_isolated(args: list[str]) -> dict:
+    """One configuration in a fresh interpreter: its own peak RSS and compile caches."""
+    cmd = [sys.executable, __file__, "--one", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["failed"]}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", nargs="+", default=["mini", "XS"])
+    p.add_argument("--size", nargs="+", default=["mini", "XS"],
+                   help=f"any of {' '.join(SIZES)}, or 'all'")
     p.add_argument("--obs", nargs="+", default=["vector"], choices=["vector", "image"])
     p.add_argument("--action", nargs="+", default=["discrete"], choices=["discrete", "continuous"])
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--length", type=int, default=64)
+    p.add_argument("--horizon", type=int, default=0, help="imagination horizon (0 = config's 15)")
     p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=2, help="untimed updates (compiled: >= 2)")
+    p.add_argument("--compile", action="store_true", help="run with train.compile=true")
+    p.add_argument("--both", action="store_true", help="run eager and compiled")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--peak-n", type=int, default=2048, help="side of the peak matmul (0 = skip)")
+    p.add_argument("--inline", action="store_true", help="no subprocess per configuration")
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", default="benchmarks/results/train_step.json")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     device = torch.device(a.device)
+    sizes = list(SIZES) if a.size == ["all"] else a.size
+    modes = [False, True] if a.both else [a.compile]
+
+    if a.one:  # child: one configuration, one JSON line
+        r = bench(sizes[0], a.obs[0], a.action[0], a.batch, a.length, a.iters, a.warmup,
+                  device, a.compile, a.horizon or None)
+        print(json.dumps(r))
+        return
+
+    peak = matmul_peak(a.peak_n, device=device) if a.peak_n else None
+    if peak:
+        print(f"matmul peak: {peak['gflops_median']:.1f} GFLOP/s median "
+              f"({peak['gflops_best']:.1f} best) fp32 {a.peak_n}^3, {peak['threads']} threads")
     rows = []
-    print(f"{'size':>5} {'obs':>6} {'action':>10} {'B':>3} {'T':>3} {'ms med':>9} {'min':>8} "
-          f"{'max':>8} {'upd/s':>7} {'steps/s':>9} {'peak MB':>8}")
-    for size in a.size:
+    print(f"{'size':>5} {'obs':>6} {'action':>10} {'mode':>8} {'B':>3} {'T':>3} {'ms med':>9} "
+          f"{'min':>8} {'max':>8} {'upd/s':>7} {'steps/s':>8} {'GFLOP/upd':>9} {'GFLOP/s':>8} "
+          f"{'%peak':>6} {'peak MB':>8} {'1st s':>6}")
+    for size in sizes:
         for obs in a.obs:
             for action in a.action:
-                r = bench(size, obs, action, a.batch, a.length, a.iters, a.warmup, device)
-                rows.append(r)
-                print(f"{size:>5} {obs:>6} {action:>10} {a.batch:>3} {a.length:>3} "
-                      f"{r['ms_median']:9.1f} {r['ms_min']:8.1f} {r['ms_max']:8.1f} "
-                      f"{r['updates_per_s']:7.2f} {r['replayed_steps_per_s']:9.0f} "
-                      f"{r['peak_mem_mb']:8.0f}", flush=True)
-    out = Path(a.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": machine(), "results": rows}, indent=1))
-    print(f"wrote {out}")
+                for comp in modes:
+                    if a.inline:
+                        r = bench(size, obs, action, a.batch, a.length, a.iters, a.warmup,
+                                  device, comp, a.horizon or None)
+                    else:
+                        child = ["--size", size, "--obs", obs, "--action", action,
+                                 "--batch", str(a.batch), "--length", str(a.length),
+                                 "--horizon", str(a.horizon), "--iters", str(a.iters),
+                                 "--warmup", str(a.warmup), "--device", a.device,
+                                 "--threads", str(torch.get_num_threads())]
+                        r = run_isolated(child + (["--compile"] if comp else []))
+                    mode = "compiled" if comp else "eager"
+                    if "error" in r:
+                        print(f"{size:>5} {obs:>6} {action:>10} {mode:>8} failed: {r['error']}")
+                        rows.append({"size": size, "obs": obs, "action": action, "mode": mode,
+                                     **r})
+                        continue
+                    if peak:
+                        r["fraction_of_peak"] = r["gflops_per_s"] / peak["gflops_median"]
+                    rows.append(r)
+                    frac = f"{100 * r['fraction_of_peak']:6.1f}" if peak else f"{'-':>6}"
+                    print(f"{size:>5} {obs:>6} {action:>10} {mode:>8} {a.batch:>3} {a.length:>3} "
+                          f"{r['ms_median']:9.1f} {r['ms_min']:8.1f} {r['ms_max']:8.1f} "
+                          f"{r['updates_per_s']:7.2f} {r['replayed_steps_per_s']:8.0f} "
+                          f"{r['flops_per_update'] / 1e9:9.1f} {r['gflops_per_s']:8.1f} {frac} "
+                          f"{r['peak_mem_mb']:8.0f} {r['first_s']:6.1f}", flush=True)
+    speedups = []
+    if a.both:
+        key = lambda r: (r["size"], r["obs"], r["action"])  # noqa: E731
+        eager = {key(r): r for r in rows if r.get("mode") == "eager" and "error" not in r}
+        for r in rows:
+            if r.get("mode") == "compiled" and "error" not in r and key(r) in eager:
+                s = eager[key(r)]["ms_median"] / r["ms_median"]
+                speedups.append({"size": r["size"], "obs": r["obs"], "action": r["action"],
+                                 "compiled_speedup": s})
+                print(f"compiled / eager speed-up {r['size']} {r['obs']} {r['action']}: {s:.2f}x")
+    write_json(a.json, {"machine": machine(), "matmul_peak": peak, "args": vars(a),
+                        "results": rows, "speedups": speedups})
 
 
 if __name__ == "__main__":

@@ -55,6 +55,30 @@ class Agent:
         self.opt_critic = _adam(self.critic.net.parameters(), t.critic_lr, t.critic_eps)
         self.updates = 0
         self.skipped = 0  # optimiser steps skipped for non-finite losses or gradients
+        # Data-parallel learners (lucid.distributed): `grad_sync(params, loss)` averages the
+        # gradients and the loss over ranks between backward and clipping; `gather(x)` joins
+        # a tensor over ranks (the return percentiles see the global batch). None = one process.
+        self.grad_sync = None
+        self.gather = None
+        if t.compile:
+            self._compile()
+
+    # ------------------------------------------------------------------ compilation
+
+    def _compile(self) -> None:
+        """`train.compile`: torch.compile the pieces that run many times per update, each as
+        a fixed-shape graph (`dynamic=False`; one compile per shape and grad mode): the RSSM
+        step functions (sequence model, prior, posterior: T observe and H imagination steps
+        per update), the encoder, decoder, reward and continue heads, and the actor and critic
+        networks. The Python loops, the sampling (its random numbers are drawn in eager code,
+        so compiled and eager updates draw the same samples), the losses' reductions and the
+        optimisers stay eager. Nothing changes in the maths or in `state_dict` keys."""
+        wm = self.wm
+        for name in ("sequence", "prior_logp", "post_logp"):  # bound methods -> compiled
+            setattr(wm, name, torch.compile(getattr(wm, name), dynamic=False))
+        for m in (wm.encoder, wm.decoder, wm.reward, wm.cont, self.actor.head,
+                  self.critic.net, self.critic.slow):
+            m.compile(dynamic=False)  # in place: parameters and their names are unchanged
 
     # ------------------------------------------------------------------ acting
 
@@ -88,6 +112,9 @@ class Agent:
         parameters and optimiser state stay as they were) and is counted."""
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if self.grad_sync is not None:  # same averaged gradients (and decision) on every rank
+            params = list(params)
+            loss = self.grad_sync(params, loss.detach())
         norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
         ok = bool(torch.isfinite(norm)) and bool(torch.isfinite(loss))  # one sync per optimiser
         if ok:
@@ -142,7 +169,7 @@ class Agent:
                                    critic.value(feat[-1:])])
         ret = lambda_return(reward, cont, value, t.gamma, t.lam)
         weight = imagined_weights(cont, t.gamma).detach()
-        self.retnorm.update(ret)
+        self.retnorm.update(ret if self.gather is None else self.gather(ret.detach()))
         scale = self.retnorm.scale()
 
         # 4. Actor: gradients reach only its parameters (world model and critic are frozen).

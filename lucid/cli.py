@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from .config import PRESETS, SIZES, ConfigError, make_config, to_yaml
+from .config import PRESETS, SIZES, ConfigError, logger_backends, make_config, to_yaml
 from .envs import default_preset
 
 app = typer.Typer(add_completion=False, no_args_is_help=False,
@@ -45,13 +45,27 @@ def train(
     run_dir: Optional[str] = typer.Option(None, help="where config, logs and checkpoints go"),
     device: Optional[str] = typer.Option(None, help="auto, cpu or cuda"),
     resume: Optional[str] = typer.Option(None, help="continue the run in this directory"),
+    runners: Optional[str] = typer.Option(None, help="env runners: local or ray "
+                                          "(docs/scaling.md)"),
+    num_runners: Optional[int] = typer.Option(None, help="Ray env runners (actors)"),
+    envs_per_runner: Optional[int] = typer.Option(None, help="envs stepped by each runner"),
+    ray_address: Optional[str] = typer.Option(None, help="existing Ray cluster (default: "
+                                              "start a local one)"),
+    logger: Optional[str] = typer.Option(None, help="logging backends besides JSONL: "
+                                         "tensorboard, wandb, tensorboard,wandb or none"),
 ):
-    """Train an agent. Extra arguments are config overrides: section.key=value."""
+    """Train an agent. Extra arguments are config overrides: section.key=value.
+    Data-parallel learners: `torchrun --nproc-per-node G -m lucid train ...`."""
     from .train import Trainer
     overrides = list(ctx.args)
     if "=" in env:  # no ENV given, the first override landed in its place
         overrides.insert(0, env)
         env = DEFAULT_ENV
+    for key, val in (("runners", runners), ("num_runners", num_runners),
+                     ("envs_per_runner", envs_per_runner), ("ray_address", ray_address),
+                     ("logger", logger)):
+        if val is not None:  # these flags are run.* config keys
+            overrides.append(f"run.{key}={val}")
     try:
         if resume:
             cfg = make_config("default", overrides, run={"steps": steps or 0})
@@ -66,10 +80,19 @@ def train(
                f"size {trainer.cfg.model.size}, {trainer.cfg.run.steps} env steps)")
     try:
         trainer.run()
-        if trainer.cfg.run.videos and not trainer._stop:  # not after Ctrl-C
+        # not after Ctrl-C; data-parallel: rank 0 only
+        if trainer.cfg.run.videos and not trainer._stop and trainer.rank == 0:
             from .report import finish_run
             typer.echo("writing curves.png, videos/ and report.html ...")
-            finish_run(trainer)
+            writer = None
+            if "tensorboard" in logger_backends(trainer.cfg.run.logger):
+                from torch.utils.tensorboard import SummaryWriter
+                writer = SummaryWriter(str(trainer.run_dir / "tb"))
+            try:
+                finish_run(trainer, writer)  # the videos also go to TensorBoard
+            finally:
+                if writer is not None:
+                    writer.close()
     finally:
         trainer.close()
     typer.echo(f"done: {trainer.counters}")

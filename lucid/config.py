@@ -8,6 +8,7 @@ on the command line as `section.key=value`, e.g. `train.train_ratio=512 model.si
 from __future__ import annotations
 
 import difflib
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -40,6 +41,9 @@ class EnvConfig:
     asynchronous: bool = False  # gymnasium AsyncVectorEnv (one process per env) instead of Sync
     max_episode_steps: Optional[int] = None  # override of the env's own time limit
     max_restarts: int = 10  # an env raising in step/reset is rebuilt up to this many times
+    # Suite settings or a custom env's keyword arguments, e.g. env.kwargs.gray=true for Atari
+    # (docs/environments.md lists them per suite).
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,6 +116,9 @@ class TrainConfig:
     # Continuous actions: "dynamics" backpropagates through the model (the 2023 paper);
     # "reinforce" uses REINFORCE for them too (the 2025 paper).
     continuous_grad: str = "dynamics"
+    # torch.compile the per-step pieces of the update (RSSM step functions, heads, encoder,
+    # decoder, actor and critic nets); same maths, compiled once per shape (seconds to minutes).
+    compile: bool = False
 
 
 @dataclass
@@ -132,6 +139,31 @@ class RunConfig:
     progress: bool = True
     time_limit: float = 0.0  # minutes of wall time, then stop with a checkpoint (0 = none)
     target_return: Optional[float] = None  # stop once the mean of the last 10 returns reaches it
+    # Scale-out (docs/scaling.md). Env runners: "local" steps env.num_envs envs in the learner
+    # process; "ray" starts num_runners Ray actors stepping envs_per_runner envs each (env.num_envs
+    # is then unused), with a CPU copy of the policy refreshed every weight_sync_every updates.
+    # Each runner sends chunks of runner_chunk steps per env; it has at most one chunk in flight,
+    # so runners wait for a learner that is behind the train ratio (which stays exact).
+    runners: str = "local"
+    num_runners: int = 2
+    envs_per_runner: int = 1
+    runner_chunk: int = 32  # env steps per env in each chunk a runner sends to the replay
+    weight_sync_every: int = 1  # learner updates between policy weight pushes to a runner
+    runner_cpus: float = 1.0  # Ray CPUs reserved per runner
+    max_runner_restarts: int = 100  # dead runners replaced up to this many times, then stop
+    ray_address: Optional[str] = None  # existing Ray cluster ("auto", "host:port"); None = local
+    ray_num_cpus: int = 0  # CPUs of a local Ray instance (0 = num_runners * runner_cpus)
+    # Data-parallel learners (`torchrun --nproc-per-node G -m lucid train ...`): train.batch_size
+    # is per learner; every this many updates the ranks compare a parameter checksum (0 = never).
+    dist_check_every: int = 100
+    # Logging backends besides metrics.jsonl and episodes.jsonl (always written): "tensorboard",
+    # "wandb", several as a comma string or a list ("tensorboard,wandb"), or "none".
+    logger: Any = "tensorboard"
+    wandb_project: str = "lucid"  # W&B project (run.logger includes wandb)
+    # W&B mode: "offline" (files in RUN_DIR/wandb, no network; `wandb sync` uploads them later),
+    # "online" (needs `wandb login`) or "disabled". The WANDB_MODE environment variable wins.
+    wandb_mode: str = "offline"
+    histogram_every: int = 10  # metric rows between histograms of episode returns (0 = never)
 
 
 @dataclass
@@ -164,7 +196,43 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "model_lr": 3e-4, "actor_lr": 3e-4, "critic_lr": 3e-4},
         "run": {"steps": 30_000},
     },
+    # The same recipe for small pixel tasks (64x64 images, e.g. minigrid:Empty-5x5) on a CPU.
+    "cpu-pixels": {
+        "env": {"num_envs": 1},
+        "model": {"size": "mini"},
+        "train": {"batch_size": 8, "batch_length": 32, "train_ratio": 32, "prefill": 1000,
+                  "model_lr": 3e-4, "actor_lr": 3e-4, "critic_lr": 3e-4},
+        "run": {"steps": 100_000},
+    },
 }
+
+
+LOGGERS = ("tensorboard", "wandb")
+
+
+def logger_backends(value: Any) -> list[str]:
+    """`run.logger` as a list of backend names: "tensorboard,wandb", ["wandb"], "none" -> []."""
+    if value is None or isinstance(value, str):
+        items = (value or "").split(",")
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise ConfigError(f"run.logger must be a name, a comma string or a list, got {value!r}")
+    names = [str(x).strip().lower() for x in items]
+    names = [n for n in names if n and n not in ("none", "jsonl")]  # JSONL is always written
+    for n in names:
+        if n not in LOGGERS:
+            raise ConfigError(f"unknown run.logger backend {n!r}; choose from "
+                              f"{', '.join(LOGGERS)} or none (several: tensorboard,wandb)"
+                              + _suggest(n, LOGGERS))
+    return list(dict.fromkeys(names))
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # e.g. sys.modules[module] is None
+        return False
 
 
 def _suggest(word: str, options) -> str:
@@ -220,6 +288,7 @@ def make_config(preset: str = "default", overrides: list[str] | dict | None = No
 def validate(cfg: Config) -> None:
     """Refuse impossible combinations before anything runs."""
     cfg.model.dims()  # checks the size name
+    loggers = logger_backends(cfg.run.logger)
     t = cfg.train
     checks = [
         (cfg.env.num_envs >= 1, "env.num_envs must be >= 1"),
@@ -241,6 +310,22 @@ def validate(cfg: Config) -> None:
          "train.replay_chunk and train.max_nonfinite must be >= 1"),
         (cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1"),
         (cfg.env.max_restarts >= 0, "env.max_restarts must be >= 0"),
+        (cfg.run.runners in ("local", "ray"), "run.runners must be 'local' or 'ray'"),
+        (min(cfg.run.num_runners, cfg.run.envs_per_runner, cfg.run.runner_chunk,
+             cfg.run.weight_sync_every) >= 1,
+         "run.num_runners, run.envs_per_runner, run.runner_chunk and run.weight_sync_every "
+         "must be >= 1"),
+        (cfg.run.runners == "local" or t.replay_capacity >= t.batch_length * cfg.run.num_runners
+         * cfg.run.envs_per_runner, "train.replay_capacity must hold at least one batch_length "
+         "window per runner env"),
+        (cfg.run.dist_check_every >= 0 and cfg.run.max_runner_restarts >= 0,
+         "run.dist_check_every and run.max_runner_restarts must be >= 0"),
+        ("wandb" not in loggers or _installed("wandb"),
+         "run.logger includes wandb, but the wandb package is not installed: "
+         "pip install 'lucid-rl[wandb]'"),
+        (cfg.run.wandb_mode in ("offline", "online", "disabled"),
+         "run.wandb_mode must be offline, online or disabled"),
+        (cfg.run.histogram_every >= 0, "run.histogram_every must be >= 0"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -1,30 +1,103 @@
-"""Run logging: metrics.jsonl and episodes.jsonl always, TensorBoard when available, and a
-progress display on the terminal (rich; plain lines when stdout is not a TTY)."""
+"""Run logging.
+
+Backends (`run.logger`, docs/configuration.md):
+
+- JSONL, always: `metrics.jsonl` (one row per `run.log_every` seconds: counters, then grouped
+  metrics `train/`, `world_model/`, `actor/`, `critic/`, `episode/`, `replay/`, `perf/`, and
+  `runners/`, `dist/` when scaled out) and `episodes.jsonl` (one row per finished episode,
+  training and evaluation).
+- TensorBoard (`tensorboard`, the default), in `RUN_DIR/tb/`: every grouped metric as a scalar
+  at x = env steps, the counters as `train/updates`, `train/episodes`, `perf/wall_time`,
+  training episodes as `episode/return` and `episode/length`, each evaluation's mean as
+  `eval/return` / `eval/length` (greedy) and `eval/sampled_return` / `eval/sampled_length`,
+  histograms of the episode returns and lengths since the previous histogram every
+  `run.histogram_every` metric rows, the resolved config as text, and the videos that
+  `lucid.video.log_videos` adds through `Logger.tb`.
+- Weights & Biases (`wandb`, optional: `pip install 'lucid-rl[wandb]'`), in `RUN_DIR/wandb/`:
+  the same scalars and histograms with env steps as their x-axis, and the config. Offline by
+  default (`run.wandb_mode`), so it needs no network or account; upload later with
+  `wandb sync RUN_DIR/wandb/offline-run-*`. The W&B run id is kept in `RUN_DIR/wandb/run_id`,
+  so a resumed run continues the same W&B run.
+
+The progress display is a rich progress bar when stdout is a terminal. When it is not (CI logs,
+`nohup`, a pipe) there is no bar and no terminal control codes: one plain status line at the
+first metric row and then at most one every `PLAIN_EVERY` seconds.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import sys
 import time
+import uuid
+import warnings
 from pathlib import Path
+from typing import Any
+
+from .config import logger_backends
+
+PLAIN_EVERY = 60.0  # seconds between plain progress lines when stdout is not a terminal
+WANDB_EXTRA = "pip install 'lucid-rl[wandb]'"
+
+
+def import_wandb():
+    """The wandb module, or an ImportError that names the extra to install."""
+    try:
+        import wandb
+    except ImportError as exc:
+        raise ImportError(f"run.logger includes 'wandb' but the wandb package is not "
+                          f"installed; install it with {WANDB_EXTRA}") from exc
+    return wandb
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 class Logger:
+    """Writes one run's metric rows and episodes to every enabled backend and shows progress.
+
+    `backends` is `run.logger` ("tensorboard", "tensorboard,wandb", ["wandb"], "none"); when
+    None it is taken from `config.run.logger` (default: TensorBoard). `config` (a lucid
+    Config) also gives the W&B project and mode, the histogram interval, and is stored with
+    the run in TensorBoard and W&B. `tensorboard=False` turns TensorBoard off whatever the
+    backends say."""
+
     def __init__(self, run_dir: Path, tensorboard: bool = True, progress: bool = True,
-                 total_steps: int = 0, start_steps: int = 0):
+                 total_steps: int = 0, start_steps: int = 0, backends: Any = None,
+                 config: Any = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        run_cfg = getattr(config, "run", None)
+        if backends is None:
+            backends = run_cfg.logger if run_cfg is not None else "tensorboard"
+        self.backends = logger_backends(backends)
+        if not tensorboard and "tensorboard" in self.backends:
+            self.backends.remove("tensorboard")
+        self.histogram_every = int(getattr(run_cfg, "histogram_every", 10))
+        self._rows = 0
+        self._hist: dict[str, list[float]] = {"return": [], "length": []}
+        self._eval: tuple[int, str] | None = None  # (env steps, policy) of buffered eval eps
+        self._eval_eps: list[dict] = []
         self.metrics_f = open(self.run_dir / "metrics.jsonl", "a")
         self.episodes_f = open(self.run_dir / "episodes.jsonl", "a")
         self.tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(self.run_dir / "tb"))
-            except ImportError:  # tensorboard not installed: JSONL only
-                self.tb = None
+        self.wandb = None
+        try:
+            if "tensorboard" in self.backends:
+                self._open_tensorboard(config)
+            if "wandb" in self.backends:
+                self._open_wandb(config)
+        except BaseException:
+            if self.tb is not None:
+                self.tb.close()
+            self._close_files()
+            raise
         self.tty = progress and sys.stdout.isatty()
         self.plain = progress and not self.tty
+        self._last_plain = -float("inf")
         self.bar = None
         if self.tty:
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
@@ -36,34 +109,130 @@ class Logger:
                                           info="")
             self.bar.start()
 
+    # ------------------------------------------------------------------ backends
+
+    def _open_tensorboard(self, config) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard is a dependency, but keep running without it
+            warnings.warn("tensorboard is not installed; logging to the JSONL files only "
+                          "(pip install tensorboard)")
+            return
+        self.tb = SummaryWriter(str(self.run_dir / "tb"))
+        if config is not None:
+            from .config import to_yaml
+            text = "\n".join("    " + line for line in to_yaml(config).splitlines())
+            self.tb.add_text("config", text, 0)  # indented: shown as a code block
+
+    def _open_wandb(self, config) -> None:
+        wandb = import_wandb()
+        run_cfg = getattr(config, "run", None)
+        directory = self.run_dir / "wandb"
+        directory.mkdir(parents=True, exist_ok=True)
+        id_file = directory / "run_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else None
+        if not run_id:
+            run_id = uuid.uuid4().hex[:8]
+            id_file.write_text(run_id + "\n")
+        mode = os.environ.get("WANDB_MODE") or getattr(run_cfg, "wandb_mode", "offline")
+        settings = wandb.Settings(console="off", silent=True, x_disable_stats=True,
+                                  save_code=False, disable_git=True)
+        self.wandb = wandb.init(
+            project=getattr(run_cfg, "wandb_project", None) or "lucid",
+            dir=str(self.run_dir), mode=mode, id=run_id, resume="allow",
+            name=self.run_dir.name, reinit="create_new", settings=settings,
+            config=dataclasses.asdict(config) if dataclasses.is_dataclass(config) else None)
+        self.wandb.define_metric("env_steps")
+        self.wandb.define_metric("*", step_metric="env_steps")
+
+    def _scalars(self, values: dict[str, float], step: int) -> None:
+        if self.tb is not None:
+            for k, v in values.items():
+                self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log({"env_steps": step, **values})
+
+    def _histograms(self, step: int) -> None:
+        hists = {f"episode/{k}s": v for k, v in self._hist.items() if v}
+        self._hist = {k: [] for k in self._hist}
+        if not hists:
+            return
+        import numpy as np
+        if self.tb is not None:
+            for k, v in hists.items():
+                self.tb.add_histogram(k, np.asarray(v, np.float64), step)
+        if self.wandb is not None:
+            import wandb
+            self.wandb.log({"env_steps": step,
+                            **{k: wandb.Histogram(np.asarray(v)) for k, v in hists.items()}})
+
+    def _flush_eval(self) -> None:
+        """One point per evaluation: the mean of its episodes (they share env steps)."""
+        if not self._eval_eps:
+            return
+        step, policy = self._eval
+        eps, self._eval_eps, self._eval = self._eval_eps, [], None
+        prefix = "eval/" if policy == "greedy" else f"eval/{policy}_"
+        self._scalars({prefix + "return": sum(e["return"] for e in eps) / len(eps),
+                       prefix + "length": sum(e["length"] for e in eps) / len(eps)}, step)
+
+    # ------------------------------------------------------------------ rows
+
     def episode(self, row: dict) -> None:
         self.episodes_f.write(json.dumps(row) + "\n")
         self.episodes_f.flush()
-        if self.tb is not None:
-            prefix = "eval" if row.get("eval") else "episode"
-            self.tb.add_scalar(f"{prefix}/return", row["return"], row["env_steps"])
-            self.tb.add_scalar(f"{prefix}/length", row["length"], row["env_steps"])
+        if self.tb is None and self.wandb is None:
+            return
+        step = row["env_steps"]
+        if row.get("eval"):
+            key = (step, row.get("policy", "greedy"))
+            if self._eval is not None and self._eval != key:
+                self._flush_eval()
+            self._eval = key
+            self._eval_eps.append(row)
+            return
+        self._flush_eval()
+        self._scalars({"episode/return": row["return"], "episode/length": row["length"]}, step)
+        self._hist["return"].append(float(row["return"]))
+        self._hist["length"].append(float(row["length"]))
 
     def metrics(self, row: dict) -> None:
         self.metrics_f.write(json.dumps(row) + "\n")
         self.metrics_f.flush()
         step = row["env_steps"]
-        if self.tb is not None:
-            for k, v in row.items():
-                if "/" in k and isinstance(v, (int, float)):
-                    self.tb.add_scalar(k, v, step)
+        if self.tb is not None or self.wandb is not None:
+            self._flush_eval()
+            values = {k: v for k, v in row.items() if "/" in k and _number(v)}
+            for k, name in (("updates", "train/updates"), ("episodes", "train/episodes"),
+                            ("wall_time", "perf/wall_time")):
+                if _number(row.get(k)):
+                    values[name] = row[k]
+            self._scalars(values, step)
+            self._rows += 1
+            if self.histogram_every and self._rows % self.histogram_every == 0:
+                self._histograms(step)
         ret = row.get("episode/return_recent")
         info = (f"upd {row['updates']}  {row.get('perf/env_steps_per_s', 0):.0f} sps  "
-                f"{row.get('perf/updates_per_s', 0):.1f} ups  return {ret if ret is None else round(ret, 1)}")
+                f"{row.get('perf/updates_per_s', 0):.1f} ups  "
+                f"return {ret if ret is None else round(ret, 1)}")
         if self.bar is not None:
             self.bar.update(self.task, completed=step, info=info)
-        elif self.plain:
+        elif self.plain and time.monotonic() - self._last_plain >= PLAIN_EVERY:
+            self._last_plain = time.monotonic()
             print(f"[{time.strftime('%H:%M:%S')}] steps {step}  {info}", flush=True)
+
+    # ------------------------------------------------------------------ end
+
+    def _close_files(self) -> None:
+        self.metrics_f.close()
+        self.episodes_f.close()
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+        self._flush_eval()
         if self.tb is not None:
             self.tb.close()
-        self.metrics_f.close()
-        self.episodes_f.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+        self._close_files()

@@ -58,12 +58,15 @@ class TwoHot:
             self._bins[key] = bins.to(device=like.device, dtype=like.dtype)
         return self._bins[key]
 
-    def encode(self, y: torch.Tensor) -> torch.Tensor:
+    def _locate(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Index of the bin below y (clamped to the range) and the weight of the bin above."""
         y = y.clamp(self.low, self.high)
         pos = (y - self.low) / self.step
         below = pos.floor().nan_to_num(0.0).clamp(0, self.num_bins - 2)  # NaN stays in the weights
-        w_above = (pos - below).clamp(0.0, 1.0)
-        below = below.long()
+        return below.long(), (pos - below).clamp(0.0, 1.0)
+
+    def encode(self, y: torch.Tensor) -> torch.Tensor:
+        below, w_above = self._locate(y)
         out = torch.zeros(*y.shape, self.num_bins, device=y.device, dtype=y.dtype)
         out.scatter_(-1, below.unsqueeze(-1), (1.0 - w_above).unsqueeze(-1))
         out.scatter_add_(-1, (below + 1).unsqueeze(-1), w_above.unsqueeze(-1))
@@ -81,8 +84,12 @@ class TwoHot:
         return symexp(avg)
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy of the two-hot encoding of symlog(target) (target in real space)."""
-        return -(self.encode(symlog(target)) * torch.log_softmax(logits, -1)).sum(-1)
+        """Cross-entropy of the two-hot encoding of symlog(target) (target in real space):
+        -(1 - w) log p[below] - w log p[below + 1], gathered instead of a dense target."""
+        below, w_above = self._locate(symlog(target))
+        logp = torch.log_softmax(logits, -1)
+        lp = logp.gather(-1, torch.stack([below, below + 1], -1))
+        return -((1.0 - w_above) * lp[..., 0] + w_above * lp[..., 1])
 
 
 # --------------------------------------------------------------------------- categoricals

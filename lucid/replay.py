@@ -102,6 +102,19 @@ class Replay:
         if self.directory is not None and self.count - self.persisted >= self.chunk_length:
             self.flush()
 
+    def add_chunk(self, steps: dict[str, np.ndarray]) -> None:
+        """Append L consecutive steps of every env at once: each field shaped
+        (num_envs, L, ...). Equivalent to L calls of `add`."""
+        n = next(iter(steps.values())).shape[1]
+        keep = min(n, self.per_env)  # a chunk longer than the ring keeps its newest steps
+        slots = (self.pos + np.arange(n - keep, n)) % self.per_env
+        for k, arr in self.data.items():
+            arr[:, slots] = steps[k][:, n - keep:]
+        self.pos = (self.pos + n) % self.per_env
+        self.count += n
+        if self.directory is not None and self.count - self.persisted >= self.chunk_length:
+            self.flush()
+
     def can_sample(self, length: int) -> bool:
         return min(self.count, self.per_env) >= length
 
@@ -222,6 +235,61 @@ class Replay:
         self.pos = keep % self.per_env  # slots 0..keep-1 hold the newest `keep` steps
         self.count = max(count, keep)
         self.persisted = self.count
+
+
+class ReplayGroup:
+    """Several `Replay`s sampled as one: the replay of a run whose env runners step on their own
+    clocks (lucid.ray_runners). Part i holds runner i's env streams with its own write
+    position, so a runner that is slow, dead or restarted never holds the others back.
+    `sample(B, T)` draws each window uniformly over all windows of all parts (O(B·T)).
+    For the visualising tools (`count`, `per_env`, `pos`, `data`, `num_envs`) the group looks
+    like its fullest part."""
+
+    def __init__(self, parts: list[Replay], seed: int = 0):
+        self.parts = parts
+        self.rng = np.random.default_rng(seed)
+
+    def add_chunk(self, part: int, steps: dict[str, np.ndarray]) -> None:
+        self.parts[part].add_chunk(steps)
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def _windows(self, length: int) -> np.ndarray:
+        return np.array([p.num_envs * max(0, min(p.count, p.per_env) - length + 1)
+                         for p in self.parts], np.float64)
+
+    def can_sample(self, length: int) -> bool:
+        return bool(self._windows(length).sum() > 0)
+
+    def sample(self, batch: int, length: int) -> dict[str, np.ndarray]:
+        w = self._windows(length)
+        if w.sum() <= 0:
+            raise ValueError(f"no env runner's replay holds {length} steps per env yet")
+        counts = self.rng.multinomial(batch, w / w.sum())
+        samples = [p.sample(int(c), length) for p, c in zip(self.parts, counts) if c > 0]
+        return {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
+
+    def flush(self) -> None:
+        for p in self.parts:
+            p.flush()
+
+    def restore(self) -> int:
+        return sum(p.restore() for p in self.parts)
+
+    @property
+    def fullest(self) -> Replay:
+        return max(self.parts, key=lambda p: min(p.count, p.per_env))
+
+    count = property(lambda self: self.fullest.count)
+    per_env = property(lambda self: self.fullest.per_env)
+    pos = property(lambda self: self.fullest.pos)
+    data = property(lambda self: self.fullest.data)
+    num_envs = property(lambda self: self.fullest.num_envs)
 
 
 def to_batch(sample: dict[str, np.ndarray], device: torch.device) -> dict:

@@ -92,6 +92,7 @@ class Collector:
         self.ep_return = np.zeros(self.n)
         self.ep_length = np.zeros(self.n, np.int64)
         self.restarts = 0
+        self.info: dict = {}  # the last vector step's info (e.g. Crafter achievements)
 
     def step(self, agent=None, explore: bool = True) -> tuple[dict, list[Episode]]:
         """One vector step. `agent=None` takes uniformly random actions (prefill).
@@ -116,6 +117,7 @@ class Collector:
         self.ep_length[self.is_last] = 0
 
         obs, reward, term, trunc, info = self.envs.step(env_action)
+        self.info = info
         if "env_restarted" in info:
             self.restarts += int(np.sum(info.get("_env_restarted", info["env_restarted"])))
         reward = np.asarray(reward, np.float32)

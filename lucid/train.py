@@ -24,9 +24,19 @@ from . import checkpoint as ckpt
 from .agent import Agent
 from .config import Config, from_yaml, to_yaml
 from .envs import ActionSpec, ObsSpec, env_fn, make_env
+from .envs.crafter import AchievementTracker
 from .logger import Logger
 from .replay import Replay, to_batch
 from .runner import Collector, evaluate, restarting
+from . import distributed
+
+
+class _QuietLogger:
+    """Data-parallel ranks > 0 log nothing: every Logger method is a no-op here."""
+    tb = None
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
 
 
 class NonFiniteError(RuntimeError):
@@ -53,7 +63,7 @@ def default_run_dir(cfg: Config) -> Path:
 
 
 def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
-    env = make_env(cfg.env.id, cfg.env.max_episode_steps)
+    env = make_env(cfg.env.id, cfg.env.max_episode_steps, **cfg.env.kwargs)
     try:
         return ObsSpec.from_space(env.observation_space), ActionSpec.from_space(env.action_space)
     finally:
@@ -64,7 +74,12 @@ class Trainer:
     """Owns the agent, replay, collector and counters of one run directory."""
 
     def __init__(self, cfg: Config, run_dir: Path | str | None = None, resume: bool = False):
+        # Data-parallel learners (torchrun): rank 0's run directory is everyone's.
+        self.dist = distributed.DataParallel(cfg.run.device) if distributed.launched() else None
+        self.rank = self.dist.rank if self.dist else 0
         self.run_dir = Path(run_dir or cfg.run.run_dir or default_run_dir(cfg))
+        if self.dist is not None:
+            self.run_dir = Path(self.dist.broadcast_object(str(self.run_dir)))
         if resume:
             path = self.run_dir / "config.yaml"
             if not path.exists():
@@ -73,27 +88,24 @@ class Trainer:
             saved.run.steps = max(saved.run.steps, cfg.run.steps) if cfg.run.steps else saved.run.steps
             cfg = saved
         self.cfg = cfg
+        self.device = self.dist.device if self.dist else resolve_device(cfg.run.device)
+        self.obs_spec, self.act_spec = spaces_of(cfg)  # a bad env fails before any file is written
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        if self.rank == 0:
+            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
-        seed_everything(cfg.run.seed)
-        self.device = resolve_device(cfg.run.device)
-        self.obs_spec, self.act_spec = spaces_of(cfg)
+        seed_everything(cfg.run.seed + 7919 * self.rank)
         self.agent = Agent(self.obs_spec, self.act_spec, cfg, self.device)
-        t = cfg.train
-        self.replay = Replay.for_spaces(
-            self.obs_spec, self.act_spec.dim, t.replay_capacity, cfg.env.num_envs,
-            seed=cfg.run.seed, directory=self.run_dir / "replay", chunk_length=t.replay_chunk,
-            memmap=t.replay_memmap, max_bytes=int(t.replay_max_gb * 2**30))
+        self.replay = self._make_replay()
         self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0,
                          "nonfinite_updates": 0, "env_restarts": 0}
+        self.achievements = AchievementTracker()  # Crafter score and success rates
         if resume:
             self._restore()
-        make = env_fn(cfg.env.id, cfg.env.max_episode_steps)
-        fns = [restarting(make, cfg.env.max_restarts)] * cfg.env.num_envs
-        self.collector = Collector(fns, self.obs_spec, self.act_spec, cfg.env.asynchronous,
-                                   seed=cfg.run.seed + 1000 * self.counters["updates"])
+        if self.dist is not None:
+            self.dist.attach(self.agent)  # rank 0's parameters; gradients averaged over ranks
+        self.collector = self._make_collector()
         self._restarts_before = self.counters["env_restarts"]
         self.recent: list[float] = []
         self._stop = False
@@ -104,12 +116,15 @@ class Trainer:
         """Append the new replay steps to disk, then write a complete checkpoint atomically.
         A kill at any moment leaves the previous checkpoint and all earlier chunks intact."""
         self.replay.flush()
+        if self.rank != 0:  # data-parallel: only rank 0 checkpoints (ranks > 0 keep replays)
+            return None
         payload = {
             "agent": self.agent.state_dict(),
             "counters": dict(self.counters),
             "rng": ckpt.rng_state(),
             "replay_rng": self.replay.rng.bit_generator.state,
             "replay_count": self.replay.count,
+            "achievements": self.achievements.state_dict(),
             "config": to_yaml(self.cfg),
         }
         return ckpt.save_checkpoint(self.run_dir, payload, keep=self.cfg.run.keep_checkpoints)
@@ -119,8 +134,11 @@ class Trainer:
         self.agent.load_state_dict(payload["agent"])
         self.counters.update(payload["counters"])
         ckpt.set_rng_state(payload["rng"])
+        if "achievements" in payload:
+            self.achievements.load_state_dict(payload["achievements"])
         restored = self.replay.restore()
-        self.replay.rng.bit_generator.state = payload["replay_rng"]
+        if self.rank == 0:  # other ranks keep their own sampling streams
+            self.replay.rng.bit_generator.state = payload["replay_rng"]
         print(f"resumed from {path} at {self.counters['env_steps']} env steps, "
               f"{self.counters['updates']} updates; replay holds {restored} steps per env")
 
@@ -131,15 +149,21 @@ class Trainer:
         since = self.counters["env_steps"] - t.prefill
         if since <= 0:
             return 0
-        return math.floor(since * t.train_ratio / (t.batch_size * t.batch_length))
+        # env_steps counts all ranks' steps; each update replays B·T steps on every rank
+        world = self.dist.world if self.dist else 1
+        return math.floor(since * t.train_ratio / (t.batch_size * t.batch_length * world))
 
     def _handle_signal(self, signum, frame):
         self._stop = True
 
-    def run(self) -> Path:
+    def run(self, callback=None) -> Path:
+        """Train until `run.steps` env steps (or the time limit, the target return, SIGINT /
+        SIGTERM, or `callback(info)` returning False after an episode), then checkpoint."""
         cfg, t, c = self.cfg, self.cfg.train, self.counters
+        self._stop = False
         logger = Logger(self.run_dir, progress=cfg.run.progress, total_steps=cfg.run.steps,
-                        start_steps=c["env_steps"])
+                        start_steps=c["env_steps"], config=cfg) \
+            if self.rank == 0 else _QuietLogger()
         old_handlers = {s: signal.signal(s, self._handle_signal)
                         for s in (signal.SIGINT, signal.SIGTERM)}
         start = time.time() - c["wall_time"]
@@ -154,17 +178,20 @@ class Trainer:
         next_video = (c["env_steps"] // cfg.run.video_every + 1) * cfg.run.video_every \
             if cfg.run.video_every else None
         try:
-            while c["env_steps"] < cfg.run.steps and not self._stop and not self._done(start):
+            while c["env_steps"] < cfg.run.steps and not self._stopping(start):
                 policy = None if c["env_steps"] < t.prefill else self.agent
-                record, finished = self.collector.step(policy)
-                self.replay.add(record)
-                c["env_steps"] += self.collector.n
+                n, finished = self._collect(policy)
+                self.achievements.update(getattr(self.collector, "info", None) or {})
+                c["env_steps"] += n
                 for ep in finished:
                     c["episodes"] += 1
                     self.recent = (self.recent + [ep.ret])[-10:]
                     logger.episode({"env_steps": c["env_steps"], "return": ep.ret,
                                     "length": ep.length, "wall_time": time.time() - start,
                                     "eval": False})
+                    if callback is not None and callback(
+                            {**c, "return": ep.ret, "length": ep.length}) is False:
+                        self._stop = True
                 while c["updates"] < self.updates_due() and self.replay.can_sample(t.batch_length):
                     batch = to_batch(self.replay.sample(t.batch_size, t.batch_length), self.device)
                     skipped = self.agent.skipped
@@ -186,6 +213,9 @@ class Trainer:
                         sums[k] = sums[k] + v.detach() if k in sums else v.detach()
                     n_sums += 1
                     c["updates"] += 1
+                    every_check = cfg.run.dist_check_every
+                    if self.dist is not None and every_check and c["updates"] % every_check == 0:
+                        self.dist.check_identical(self.agent)
                 now = time.time()
                 c["wall_time"] = now - start
                 if now - last_log >= cfg.run.log_every:
@@ -193,10 +223,10 @@ class Trainer:
                     logger.metrics(row)
                     sums, n_sums = {}, 0
                     last_log, log_steps, log_updates = now, c["env_steps"], c["updates"]
-                if next_eval is not None and c["env_steps"] >= next_eval:
+                if next_eval is not None and c["env_steps"] >= next_eval and self.rank == 0:
                     self._evaluate(logger, start)
                     next_eval += cfg.run.eval_every
-                if next_video is not None and c["env_steps"] >= next_video:
+                if next_video is not None and c["env_steps"] >= next_video and self.rank == 0:
                     self._videos(logger)
                     next_video += cfg.run.video_every
                 c["env_restarts"] = self.collector.restarts + self._restarts_before
@@ -209,6 +239,8 @@ class Trainer:
             if n_sums:
                 logger.metrics(self._row(sums, n_sums, time.time() - last_log, log_steps,
                                          log_updates))
+            if self.dist is not None:
+                self.dist.check_identical(self.agent)
             self.save()
         finally:
             for s, h in old_handlers.items():
@@ -218,6 +250,60 @@ class Trainer:
 
     def close(self) -> None:
         self.collector.close()
+        if self.dist is not None:
+            self.dist.close()
+
+    # ------------------------------------------------------------------ scale-out
+
+    def _make_replay(self):
+        """One Replay over env.num_envs streams, or with Ray runners a ReplayGroup with one
+        part per runner. Data-parallel ranks > 0 keep theirs in replay-rank<r>/."""
+        cfg, t = self.cfg, self.cfg.train
+        directory = self.run_dir / ("replay" if self.rank == 0 else f"replay-rank{self.rank}")
+        seed = cfg.run.seed + 7919 * self.rank
+        kw = dict(chunk_length=t.replay_chunk, memmap=t.replay_memmap)
+        if cfg.run.runners != "ray":
+            return Replay.for_spaces(self.obs_spec, self.act_spec.dim, t.replay_capacity,
+                                     cfg.env.num_envs, seed=seed, directory=directory,
+                                     max_bytes=int(t.replay_max_gb * 2**30), **kw)
+        from .replay import ReplayGroup
+        n = cfg.run.num_runners
+        parts = [Replay.for_spaces(self.obs_spec, self.act_spec.dim, t.replay_capacity // n,
+                                   cfg.run.envs_per_runner, seed=seed + 1 + i,
+                                   directory=directory / f"runner-{i}",
+                                   max_bytes=int(t.replay_max_gb * 2**30) // n, **kw)
+                 for i in range(n)]
+        return ReplayGroup(parts, seed)
+
+    def _make_collector(self):
+        cfg = self.cfg
+        seed = cfg.run.seed + 1000 * self.counters["updates"] + 7919 * self.rank
+        if cfg.run.runners == "ray":
+            from .ray_runners import RayCollector
+            return RayCollector(cfg, seed=seed)
+        make = env_fn(cfg.env.id, cfg.env.max_episode_steps, **cfg.env.kwargs)
+        fns = [restarting(make, cfg.env.max_restarts)] * cfg.env.num_envs
+        return Collector(fns, self.obs_spec, self.act_spec, cfg.env.asynchronous, seed=seed)
+
+    def _collect(self, policy) -> tuple[int, list]:
+        """New experience into the replay: local vector-env step or the next Ray runner
+        chunk. Returns the env steps added (summed over data-parallel ranks) and this
+        process's finished episodes."""
+        if isinstance(self.collector, Collector):
+            record, finished = self.collector.step(policy)
+            self.replay.add(record)
+            n = self.collector.n
+        else:
+            n, finished = self.collector.collect(policy, self.replay)
+        if self.dist is not None:  # every rank counts the same steps, so does the same updates
+            n = int(self.dist.sum(n))
+        return n, finished
+
+    def _stopping(self, start: float) -> bool:
+        """Stop on a signal, the callback, the time limit or the target return; data-parallel
+        ranks stop together when any of them would."""
+        stop = self._stop or self._done(start)
+        return self.dist.any(stop) if self.dist is not None else stop
 
     def _done(self, start: float) -> bool:
         """Stop early on the run's time limit or once the target return is reached."""
@@ -236,10 +322,16 @@ class Trainer:
                "replay/steps": len(self.replay),
                "train/nonfinite_updates": c["nonfinite_updates"],
                "train/env_restarts": c["env_restarts"]}
+        if hasattr(self.collector, "metrics"):  # Ray runners: policy lag, restarts
+            row.update(self.collector.metrics())
+        if self.dist is not None:  # data-parallel learners
+            row.update({"dist/world_size": self.dist.world,
+                        "dist/param_checks": self.dist.checks})
         if n:
             keys = list(sums)
             vals = (torch.stack([sums[k].float() for k in keys]) / n).cpu().tolist()
             row.update(dict(zip(keys, vals)))
+        row.update(self.achievements.metrics())
         if self.recent:
             row["episode/return_recent"] = float(np.mean(self.recent))
         return row
@@ -247,7 +339,7 @@ class Trainer:
     def evaluate(self, episodes: int, explore: bool = False, seed: int | None = None):
         """Full episodes in a fresh env of this run with the greedy (or sampled) policy."""
         cfg = self.cfg
-        return evaluate(self.agent, env_fn(cfg.env.id, cfg.env.max_episode_steps),
+        return evaluate(self.agent, env_fn(cfg.env.id, cfg.env.max_episode_steps, **cfg.env.kwargs),
                         self.obs_spec, self.act_spec, episodes, explore=explore,
                         seed=cfg.run.seed + 10_000 if seed is None else seed)
 

@@ -185,6 +185,9 @@ def make_env(env_id: str, max_episode_steps: int | None = None, render_mode: str
         env = builder(task, render_mode=render_mode, **options)
         if max_episode_steps:
             env = gym.wrappers.TimeLimit(env, max_episode_steps)
+        if suite == "crafter":  # outermost, so that it sees time-limit ends too
+            from .crafter import EpisodeAchievements
+            env = EpisodeAchievements(env)
         return env
     kwargs = dict(options)
     if render_mode:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 
 import gymnasium as gym
+import numpy as np
 
 from .extras import require
 
@@ -64,7 +65,21 @@ def make_raw(game: str, sticky: float = 0.0, full_action_space: bool = True,
 class AtariPreprocessing(gym.wrappers.AtariPreprocessing):
     """gymnasium's AtariPreprocessing, except that the observation returned when an episode
     ends during the frame repeat shows the final screen. (gymnasium's stops before grabbing
-    the screen, so every episode's last observation would repeat the previous one.)"""
+    the screen, so every episode's last observation would repeat the previous one.)
+
+    The screens are read from the ALE into this wrapper's buffers, so the observation that
+    ale-py's env returns for every emulator frame is never used: it is replaced by one
+    uninitialised array (ale-py copies a new screen for each frame otherwise, ~13% of a
+    step's time). `env.render()` still reads the ALE's screen."""
+
+    def __init__(self, env: gym.Env, **kwargs):
+        super().__init__(env, **kwargs)
+        base = env.unwrapped
+        if hasattr(base, "_get_obs") and hasattr(base, "ale"):
+            shape, dtype = base.observation_space.shape, base.observation_space.dtype
+            # an instance attribute, shadowing AtariEnv._get_obs; a fresh uninitialised array
+            # (no copy), so no two steps share one object
+            base._get_obs = lambda: np.empty(shape, dtype)
 
     def _grab(self, out):
         if self.grayscale_obs:

@@ -8,12 +8,18 @@ truncation; the player's death is a termination). `crafter:noreward` gives zero 
 The Crafter score (Hafner 2021, Eq. 1): S = exp(mean_i ln(1 + s_i)) - 1, where s_i in
 [0, 100] is the success rate in percent of achievement i, i.e. the share of episodes in
 which it was unlocked at least once, over all 22 achievements.
+
+During training: `EpisodeAchievements` (applied by `make_env("crafter")`) puts the episode's
+final achievement counts into the info of the step that ends it, as
+`info["episode_achievements"]`; `AchievementTracker.update(info)` takes single-env or
+vector-env infos and `metrics()` gives the Crafter score and the success rates for the log.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Sequence
+from collections import deque
+from typing import Any, Iterable, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -91,3 +97,109 @@ def crafter_score(rates: Mapping[str, float] | Sequence[float]) -> float:
     if not values or any(not 0.0 <= v <= 100.0 for v in values):
         raise ValueError("success rates must be percentages in [0, 100]")
     return math.exp(sum(math.log1p(v) for v in values) / len(values)) - 1.0
+
+
+# --------------------------------------------------------------------------- logging in training
+
+EPISODE_KEY = "episode_achievements"
+
+
+class EpisodeAchievements(gym.Wrapper):
+    """Adds `info["episode_achievements"]` ({name: count} for all 22 achievements, the
+    episode's final counts) to the info of the step that ends an episode, by termination or
+    truncation, and to no other step. It must sit outside any TimeLimit so that it sees
+    time-limit ends too (`make_env` puts it outermost). In a gymnasium vector env the key
+    arrives as a dict of per-env arrays with the mask `info["_episode_achievements"]`."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if terminated or truncated:
+            counts = info.get("achievements", {})
+            info = dict(info)
+            info[EPISODE_KEY] = {name: int(counts.get(name, 0)) for name in ACHIEVEMENTS}
+        return obs, reward, terminated, truncated, info
+
+
+class AchievementTracker:
+    """Success rates and the Crafter score of the episodes seen so far, for the training log.
+
+    `update(info)` reads the finished episodes out of one step's info: a single env's info
+    (with `episode_achievements` a {name: count} dict) or a gymnasium vector env's info (a
+    dict of per-env arrays with the `_episode_achievements` mask). Infos without the key
+    (other envs, steps that end no episode) are ignored, so the tracker can be fed every
+    step of any env. `metrics()` gives, once an episode has ended:
+
+        crafter/score          Crafter score over all episodes so far (the benchmark's number)
+        crafter/score_recent   the same over the last `window` episodes
+        crafter/episodes       episodes counted
+        crafter/success/NAME   success rate of each achievement in percent, all episodes
+
+    and {} before that. `state_dict()` / `load_state_dict()` carry it across a resume.
+    """
+
+    def __init__(self, window: int = 100, prefix: str = "crafter/"):
+        self.window, self.prefix = int(window), prefix
+        self.episodes = 0
+        self.successes = {name: 0 for name in ACHIEVEMENTS}
+        self.recent: deque[tuple[str, ...]] = deque(maxlen=self.window)
+
+    def add(self, achievements: Mapping[str, Any]) -> None:
+        """Count one finished episode from its final achievement counts."""
+        unknown = set(achievements) - set(ACHIEVEMENTS)
+        if unknown:
+            raise KeyError(f"unknown Crafter achievement(s) {sorted(unknown)}")
+        done = tuple(name for name in ACHIEVEMENTS if int(achievements.get(name, 0)) >= 1)
+        self.episodes += 1
+        for name in done:
+            self.successes[name] += 1
+        self.recent.append(done)
+
+    def update(self, info: Mapping[str, Any]) -> int:
+        """Count the episodes that ended in this step's info; returns how many."""
+        eps = info.get(EPISODE_KEY) if info else None
+        if not eps:
+            return 0
+        mask = info.get("_" + EPISODE_KEY)
+        if mask is None:  # a single env's info: one finished episode
+            self.add(eps)
+            return 1
+        added = 0
+        for i in np.flatnonzero(np.asarray(mask, bool)):
+            self.add({name: np.asarray(counts)[i] for name, counts in eps.items()
+                      if not name.startswith("_")})
+            added += 1
+        return added
+
+    def rates(self, recent: bool = False) -> dict[str, float]:
+        """Success rates in percent over all counted episodes (or the last `window`)."""
+        if recent:
+            n = len(self.recent)
+            hits = {name: 0 for name in ACHIEVEMENTS}
+            for done in self.recent:
+                for name in done:
+                    hits[name] += 1
+        else:
+            n, hits = self.episodes, self.successes
+        if not n:
+            raise ValueError("no Crafter episode has ended yet")
+        return {name: 100.0 * hits[name] / n for name in ACHIEVEMENTS}
+
+    def metrics(self) -> dict[str, float]:
+        if not self.episodes:
+            return {}
+        p = self.prefix
+        rates = self.rates()
+        out = {f"{p}score": crafter_score(rates),
+               f"{p}score_recent": crafter_score(self.rates(recent=True)),
+               f"{p}episodes": self.episodes}
+        out.update({f"{p}success/{name}": rate for name, rate in rates.items()})
+        return out
+
+    def state_dict(self) -> dict:
+        return {"episodes": self.episodes, "successes": dict(self.successes),
+                "recent": [list(done) for done in self.recent]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.episodes = int(state["episodes"])
+        self.successes = {name: int(state["successes"].get(name, 0)) for name in ACHIEVEMENTS}
+        self.recent = deque((tuple(d) for d in state["recent"]), maxlen=self.window)

@@ -1,0 +1,257 @@
+"""Generate docs/configuration.md from the typed config in lucid/config.py.
+
+    python -m lucid.config_doc            # rewrite docs/configuration.md
+    python -m lucid.config_doc --check    # exit 1 if the checked-in file is out of date
+    python -m lucid.config_doc --stdout   # print it
+
+Every key comes from the dataclasses (name, type, default); the text from the comments next to
+the fields in lucid/config.py: a comment at the end of a field's line describes that field, and
+a block of comment lines above a field introduces it and the fields after it. The model sizes
+and presets come from `SIZES` and `PRESETS`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import io
+import json
+import sys
+import textwrap
+import tokenize
+from pathlib import Path
+
+from . import config as C
+
+SECTIONS = [("env", C.EnvConfig), ("model", C.ModelConfig), ("train", C.TrainConfig),
+            ("run", C.RunConfig)]
+DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+
+# Descriptions of the fields that have no comment of their own in lucid/config.py. A comment
+# there takes precedence; tests/test_docs.py checks that every field has one or the other and
+# that no entry here names a field that does not exist.
+DESCRIPTIONS: dict[str, str] = {
+    "env.id": "gymnasium id, suite name (`atari:Pong`, `dmc:walker-walk`, ...; "
+              "docs/environments.md) or `module.path:EnvClass` / `module.path:make_fn`",
+    "env.num_envs": "environments stepped in parallel (one gymnasium vector env)",
+    "env.kwargs": "keyword arguments given to the env (see above), e.g. `env.kwargs.gray=true`",
+    "model.size": "row of the size table below",
+    "model.gru_units": "units of the GRU state h",
+    "model.dense_units": "units of the MLP layers",
+    "model.dense_layers": "hidden layers per MLP",
+    "model.cnn_mult": "channel multiplier of the image encoder and decoder",
+    "model.latent_groups": "categorical variables in the latent z",
+    "model.latent_classes": "classes per categorical variable of z",
+    "model.unimix": "share of the uniform distribution mixed into every categorical "
+                    "(latents, discrete actions)",
+    "model.num_bins": "two-hot bins of the reward head and the critic",
+    "model.bins_low": "lowest bin, in symlog space",
+    "model.bins_high": "highest bin, in symlog space",
+    "model.actor_min_std": "lower bound of the actor's std for continuous actions",
+    "model.actor_max_std": "upper bound of the actor's std for continuous actions",
+    "train.batch_size": "B: replayed windows per update",
+    "train.batch_length": "T: steps per replayed window",
+    "train.horizon": "H: imagined steps from every posterior state",
+    "train.gamma": "discount",
+    "train.lam": "λ of the λ-returns",
+    "train.dyn_scale": "weight of the dynamics KL (prior towards the stopped posterior)",
+    "train.rep_scale": "weight of the representation KL (posterior towards the stopped prior)",
+    "train.free_nats": "both KL terms are clipped below at this many nats",
+    "train.model_lr": "Adam learning rate of the world model",
+    "train.model_eps": "Adam epsilon of the world model",
+    "train.model_clip": "gradient-norm clip of the world model",
+    "train.actor_lr": "Adam learning rate of the actor",
+    "train.actor_eps": "Adam epsilon of the actor",
+    "train.actor_clip": "gradient-norm clip of the actor",
+    "train.critic_lr": "Adam learning rate of the critic",
+    "train.critic_eps": "Adam epsilon of the critic",
+    "train.critic_clip": "gradient-norm clip of the critic",
+    "train.entropy": "actor entropy bonus η",
+    "train.slow_critic_fraction": "EMA rate of the slow critic copy per update",
+    "train.slow_critic_reg": "weight of the critic's regulariser towards the slow copy",
+    "train.return_norm_decay": "EMA decay of the return percentiles",
+    "train.continuous_grad": "`dynamics` or `reinforce`",
+    "train.compile": "`true` to compile (see above)",
+    "run.seed": "seed of python, numpy and torch (envs and replay derive theirs from it)",
+    "run.device": "`auto` (CUDA when torch sees a GPU, else CPU), `cpu`, `cuda` or `cuda:N`",
+    "run.run_dir": "where the run is written; `null` = `runs/<env>-<date>-<time>-s<seed>`",
+    "run.eval_episodes": "episodes per evaluation (greedy, then sampled policy)",
+    "run.checkpoint_minutes": "minutes between checkpoints",
+    "run.keep_checkpoints": "newest checkpoints kept in RUN_DIR/checkpoints",
+    "run.progress": "progress bar on a terminal; when stdout is not a terminal, one plain "
+                    "line a minute",
+    "run.runners": "`local` or `ray`",
+    "run.num_runners": "Ray env runners (actors)",
+    "run.envs_per_runner": "envs stepped by each Ray runner",
+    "run.dist_check_every": "updates between parameter checksums (0 = never)",
+    "run.logger": "a name, a comma string or a list: `tensorboard` (RUN_DIR/tb), `wandb` "
+                  "(RUN_DIR/wandb, needs `pip install 'lucid-rl[wandb]'`), `none`",
+    "run.wandb_mode": "`offline`, `online` or `disabled`",
+}
+
+
+def _value(v) -> str:
+    """A default as it would be written on the command line (YAML)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return v if v else '""'
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)
+    return repr(v)
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return None
+
+
+def _trailing_comment(line: str) -> str:
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline):
+            if tok.type == tokenize.COMMENT:
+                return tok.string.lstrip("#").strip()
+    except (tokenize.TokenError, SyntaxError):  # a field spread over several lines
+        pass
+    return ""
+
+
+def field_comments(cls) -> dict[str, tuple[str, str]]:
+    """{field: (comment block above it, comment at the end of its line)} from the source."""
+    lines, _ = inspect.getsourcelines(cls)
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    out: dict[str, tuple[str, str]] = {}
+    for node in tree.body[0].body:  # type: ignore[attr-defined]
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        i = node.lineno - 1
+        above = []
+        j = i - 1
+        while j >= 0 and lines[j].strip().startswith("#"):
+            above.insert(0, lines[j].strip().lstrip("#").strip())
+            j -= 1
+        out[node.target.id] = (" ".join(above), _trailing_comment(lines[i]))
+    return out
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def section_markdown(name: str, cls) -> str:
+    comments = field_comments(cls)
+    doc = inspect.getdoc(cls)
+    parts = [f"## `{name}`\n"]
+    if doc and not doc.startswith(cls.__name__ + "("):  # not the dataclass-generated signature
+        parts.append(doc + "\n")
+    table: list[str] = []
+
+    def flush():
+        if table:
+            parts.append("| key | type | default | description |\n|---|---|---|---|\n"
+                         + "".join(table))
+            table.clear()
+
+    for f in dataclasses.fields(cls):
+        above, trailing = comments.get(f.name, ("", ""))
+        if above:
+            flush()
+            parts.append(_cell(above) + "\n")
+        text = trailing or DESCRIPTIONS.get(f"{name}.{f.name}", "")
+        table.append(f"| `{name}.{f.name}` | `{f.type}` | `{_value(_default(f))}` | "
+                     f"{_cell(text)} |\n")
+    flush()
+    return "\n".join(parts)
+
+
+def _flatten(d: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out += _flatten(v, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}={_value(v)}")
+    return out
+
+
+def sizes_markdown() -> str:
+    head = ("| `model.size` | GRU units | dense units | dense layers | CNN multiplier | "
+            "latent groups | latent classes |\n|---|---|---|---|---|---|---|\n")
+    rows = "".join(f"| `{name}` | " + " | ".join(str(x) for x in dims) + " |\n"
+                   for name, dims in C.SIZES.items())
+    return head + rows
+
+
+def presets_markdown() -> str:
+    rows = []
+    for name, over in C.PRESETS.items():
+        keys = _flatten(over)
+        rows.append(f"| `{name}` | " + (", ".join(f"`{k}`" for k in keys) or "(the defaults)")
+                    + " |\n")
+    return "| preset | overrides |\n|---|---|\n" + "".join(rows)
+
+
+def render() -> str:
+    top = [f for f in dataclasses.fields(C.Config) if f.name not in dict(SECTIONS)]
+    parts = [
+        "# Configuration reference\n",
+        "<!-- Generated by `python -m lucid.config_doc` from lucid/config.py; do not edit by "
+        "hand. tests/test_docs.py checks that it is up to date. -->\n",
+        inspect.getdoc(C).strip() + "\n",
+        "Every key below is given as `section.key=value` after `lucid train ENV` (e.g. "
+        "`lucid train CartPole-v1 train.train_ratio=64 run.logger=tensorboard,wandb`), in "
+        "Python as `Dreamer(env, train__train_ratio=64)` or "
+        "`make_config(preset, [\"train.train_ratio=64\"])`. The value is parsed as YAML "
+        "(`null`, `true`, numbers, `[a,b]` lists). Precedence: dataclass default < preset < "
+        "command-line options (`--steps`, `--size`, ...) < overrides. An unknown key or a value "
+        "of the wrong type is refused with the closest valid key named; `lucid config --preset "
+        "NAME [overrides]` prints the resolved config, and every run keeps its own in "
+        "`RUN_DIR/config.yaml`.\n",
+        "## Top level\n",
+        "| key | type | default | description |\n|---|---|---|---|\n"
+        + "".join(f"| `{f.name}` | `{f.type}` | `{_value(_default(f))}` | "
+                  f"the preset the config was built from (`--preset`) |\n" for f in top),
+    ]
+    for name, cls in SECTIONS:
+        parts.append(section_markdown(name, cls))
+    parts += [
+        "## Model sizes\n",
+        "`model.size` picks a row; `model.gru_units` ... `model.latent_classes` override single "
+        "entries. `XS` ... `XL` are the paper's sizes; `nano`, `micro`, `mini` and `XXS` are "
+        "smaller ones for CPUs and tests.\n",
+        sizes_markdown(),
+        "## Presets\n",
+        "`--preset NAME` (Python: `preset=`) applies these overrides on top of the defaults "
+        "(docs/presets.md explains them). Without `--preset`, `lucid train` picks the "
+        "environment's domain preset (`cpu-control` for CartPole-v1).\n",
+        presets_markdown(),
+    ]
+    return "\n".join(p.rstrip("\n") + "\n" for p in parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    text = render()
+    if "--stdout" in argv:
+        sys.stdout.write(text)
+        return 0
+    if "--check" in argv:
+        current = DOC_PATH.read_text() if DOC_PATH.exists() else ""
+        if current != text:
+            print(f"{DOC_PATH} is out of date; run `python -m lucid.config_doc`",
+                  file=sys.stderr)
+            return 1
+        return 0
+    DOC_PATH.write_text(text)
+    print(DOC_PATH)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Data-parallel learners with torch.distributed.
+
+    torchrun --nproc-per-node G -m lucid train ENV ...          one machine, G processes
+    torchrun --nnodes N --nproc-per-node G --rdzv-endpoint HOST:PORT -m lucid train ...
+
+Every rank is a full learner: its own envs (or Ray runners) and replay, seeded by rank, and its
+own batch of `train.batch_size` windows (the batch size is per learner, as RLlib's
+`batch_size_B_per_learner`; the global batch is G·B). The agent's three losses keep their own
+backward passes and optimisers; between each backward and its gradient clipping,
+`Agent.grad_sync` averages that component's gradients over the ranks (one all-reduce of
+flattened buckets), together with the loss, so that the norm, the clipping and the skip of a
+non-finite step are decided identically everywhere. The λ-returns are gathered over ranks
+before the return-percentile update, so the return scale is the global batch's. The
+parameters start identical (broadcast from rank 0) and every `run.dist_check_every` updates a
+checksum of all parameters and buffers is compared across ranks. Only rank 0 logs, evaluates
+and writes checkpoints. NCCL on GPUs (one per rank: cuda:LOCAL_RANK), gloo on CPUs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+BUCKET_BYTES = 64 * 2**20  # gradients are all-reduced in flat buckets of about this size
+
+
+def launched() -> bool:
+    """True in a process started by torchrun (or with RANK/WORLD_SIZE set) with > 1 rank."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+class DataParallel:
+    """This process's place among the learners, and the collectives the trainer uses."""
+
+    def __init__(self, device: str = "auto", timeout_minutes: float = 30.0):
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        cuda = device != "cpu" and torch.cuda.is_available()
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError("run.device=cuda but torch sees no CUDA device")
+        if cuda:
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+        else:
+            self.device = torch.device("cpu")
+        self.backend = "nccl" if cuda else "gloo"
+        self.owns_group = not dist.is_initialized()
+        if self.owns_group:
+            dist.init_process_group(self.backend,
+                                    timeout=datetime.timedelta(minutes=timeout_minutes))
+        self.checks = 0  # parameter checksums compared so far
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def close(self) -> None:
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ------------------------------------------------------------------ small collectives
+
+    def broadcast_object(self, obj):
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, device=self.device if self.backend == "nccl"
+                                   else None)
+        return box[0]
+
+    def sum(self, value: float) -> float:
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def any(self, flag: bool) -> bool:
+        return self.sum(1.0 if flag else 0.0) > 0
+
+    # ------------------------------------------------------------------ the agent
+
+    def attach(self, agent) -> None:
+        """Make rank 0's parameters and buffers everyone's, and hook the gradient averaging
+        and the return gathering into the agent's update."""
+        with torch.no_grad():
+            for module in agent.modules().values():
+                for t in module.state_dict().values():  # views of the parameters/buffers
+                    dist.broadcast(t, src=0)
+        agent.grad_sync = self.grad_sync
+        agent.gather = self.gather
+
+    def grad_sync(self, params: list[torch.Tensor], loss: torch.Tensor) -> torch.Tensor:
+        """Average the gradients of `params` (in place) and `loss` over ranks; returns the
+        averaged loss. Every rank must have gradients for the same parameters (the graph of
+        the loss is the same on every rank)."""
+        loss_t = loss.detach().reshape(1).float()
+        tensors = [p.grad for p in params if p.grad is not None] + [loss_t]
+        buckets: list[list[torch.Tensor]] = []
+        size = BUCKET_BYTES
+        for t in tensors:  # consecutive tensors of one dtype, up to BUCKET_BYTES each
+            nbytes = t.numel() * t.element_size()
+            if not buckets or size + nbytes > BUCKET_BYTES or buckets[-1][0].dtype != t.dtype:
+                buckets.append([])
+                size = 0
+            buckets[-1].append(t)
+            size += nbytes
+        pending = []
+        for bucket in buckets:
+            flat = _flatten_dense_tensors(bucket)
+            pending.append((bucket, flat, dist.all_reduce(flat, async_op=True)))
+        for bucket, flat, work in pending:
+            work.wait()
+            flat.div_(self.world)
+            for t, avg in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                t.copy_(avg)
+        return loss_t[0].to(loss.dtype)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` of every rank joined along a new leading axis (ranks in order)."""
+        parts = [torch.empty_like(x) for _ in range(self.world)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.stack(parts)
+
+    def checksum(self, agent) -> torch.Tensor:
+        """Per module: the sum and the sum of squares (float64) of its parameters and
+        buffers."""
+        sums = []
+        with torch.no_grad():
+            for module in agent.modules().values():
+                ts = [t.detach().double().reshape(-1) for t in module.state_dict().values()
+                      if t.is_floating_point()]
+                flat = torch.cat(ts) if ts else torch.zeros(1, dtype=torch.float64,
+                                                            device=self.device)
+                sums += [flat.sum(), (flat * flat).sum()]
+        return torch.stack(sums).to(self.device)
+
+    def check_identical(self, agent) -> None:
+        """Raise (on every rank alike) if any rank's parameters differ from rank 0's."""
+        local = self.checksum(agent)
+        every = self.gather(local)
+        self.checks += 1
+        bad = [r for r in range(self.world) if not torch.equal(every[r], every[0])]
+        if bad:
+            names = list(agent.modules())
+            diff = (every[bad[0]] != every[0]).nonzero().flatten().tolist()
+            raise RuntimeError(
+                f"data-parallel learners diverged: rank(s) {bad} hold other parameters than "
+                f"rank 0 in {sorted({names[i // 2] for i in diff})} after {agent.updates} "
+                f"updates (checksums {every[bad[0]].tolist()} vs {every[0].tolist()})")

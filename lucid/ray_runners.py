@@ -1,0 +1,237 @@
+"""Distributed environment runners on Ray (`run.runners=ray`, docs/scaling.md).
+
+`RayCollector` starts `run.num_runners` Ray actors (`EnvRunner`), each stepping
+`run.envs_per_runner` envs with its own CPU copy of the policy. A runner steps its envs
+`run.runner_chunk` times and returns the chunk; the learner writes it into runner i's part of a
+`ReplayGroup` (runner i's env j is stream j of part i) and immediately asks that runner for its
+next chunk, sending new weights when the learner has made `run.weight_sync_every` updates since
+the runner's last copy. So every runner has exactly one chunk in flight: it collects while the
+learner trains, and when the learner is behind the train ratio the runners wait for it
+(throttling) -- the learner still makes exactly floor((env steps - prefill) * ratio / (B*T))
+updates, counted on the chunks it has received. The policy lag of a chunk (learner updates
+when it is received minus the updates of the weights that collected it) is reported as
+`runners/policy_lag`.
+
+A runner that dies (its process killed, its node lost, or an exception in it) is replaced by a
+new actor with a new seed; the chunk it had in flight is dropped with a log line, its replay
+stream goes on with the new runner's first steps (which start new episodes with `is_first`).
+
+Ray is optional: `pip install lucid-rl[ray]`. A local Ray instance is started with
+`ray.init()` (no dashboard, workers' logs not forwarded) unless `run.ray_address` names an
+existing cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError("run.runners=ray needs Ray: pip install 'lucid-rl[ray]'") from exc
+    return ray
+
+
+class EnvRunner:
+    """Steps `num_envs` envs with a CPU copy of the policy; becomes a Ray actor."""
+
+    def __init__(self, cfg_yaml: str, index: int, seed: int, num_envs: int):
+        from .agent import Agent
+        from .config import from_yaml
+        from .envs import env_fn
+        from .runner import Collector, restarting
+        from .train import spaces_of
+        torch.set_num_threads(1)
+        torch.manual_seed(seed)
+        cfg = from_yaml(cfg_yaml)
+        self.index = index
+        obs_spec, act_spec = spaces_of(cfg)
+        if getattr(cfg.train, "compile", False):
+            cfg.train.compile = False  # acting only: not worth compiling
+        self.agent = Agent(obs_spec, act_spec, cfg, "cpu")
+        make = env_fn(cfg.env.id, cfg.env.max_episode_steps,
+                      **dict(getattr(cfg.env, "kwargs", None) or {}))
+        self.collector = Collector([restarting(make, cfg.env.max_restarts)] * num_envs,
+                                   obs_spec, act_spec, seed=seed)
+        self.version = -1  # learner updates of the weights held (-1: none yet)
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def sample(self, length: int, weights=None, version: int = -1, explore_random=False):
+        """Step every env `length` times. `weights` (the world model's and actor's state
+        dicts, updates `version`) replace the policy first; `explore_random` takes uniformly
+        random actions (prefill). Returns the chunk (fields shaped (num_envs, length, ...)),
+        finished episodes, the weights' version and the env restarts so far."""
+        if weights is not None:
+            self.agent.wm.load_state_dict(weights["world_model"])
+            self.agent.actor.load_state_dict(weights["actor"])
+            self.version = version
+        start = time.time()
+        policy = None if explore_random or self.version < 0 else self.agent
+        records, episodes = [], []
+        for _ in range(length):
+            record, finished = self.collector.step(policy)
+            records.append({k: np.array(v) for k, v in record.items()})
+            episodes += [(e.ret, e.length) for e in finished]
+        chunk = {k: np.stack([r[k] for r in records], 1) for k in records[0]}
+        return {"chunk": chunk, "episodes": episodes,
+                "version": self.version if policy is not None else None,
+                "restarts": self.collector.restarts, "seconds": time.time() - start}
+
+
+class RayCollector:
+    """The learner's side: runners, their in-flight chunks, weights and restarts. Actors are
+    started on the first `collect`, so building a Trainer (e.g. to evaluate) starts nothing."""
+
+    def __init__(self, cfg, seed: int = 0):
+        _ray()  # fail early (with the pip extra named) when Ray is not installed
+        self.cfg, self.seed = cfg, seed
+        r = cfg.run
+        self.num_runners, self.per_runner, self.chunk = r.num_runners, r.envs_per_runner, \
+            r.runner_chunk
+        self.n = self.num_runners * self.per_runner
+        self.runners: list = []
+        self.inflight: dict = {}  # ObjectRef -> runner index
+        self.versions = [-1] * self.num_runners  # updates of the weights each runner holds
+        self.env_restarts_seen = [0] * self.num_runners
+        self.restarts = 0  # env restarts inside runners (as Collector.restarts)
+        self.runner_restarts = 0
+        self.dropped_chunks = 0
+        self.started_ray = False
+        self._weights = (None, -1)  # (ObjectRef, version) of the newest weights put
+        self._lags: list[int] = []
+        self._waited = 0.0  # seconds the learner spent waiting for chunks since metrics()
+        self._since = time.time()
+        from .config import to_yaml
+        self._cfg_yaml = to_yaml(cfg)
+
+    # ------------------------------------------------------------------ actors
+
+    def _init_ray(self):
+        ray = _ray()
+        if not ray.is_initialized():
+            r = self.cfg.run
+            kwargs = dict(include_dashboard=False, log_to_driver=False,
+                          ignore_reinit_error=True)
+            if r.ray_address:
+                ray.init(address=r.ray_address, **kwargs)
+            else:
+                cpus = r.ray_num_cpus or max(1, int(np.ceil(r.num_runners * r.runner_cpus)))
+                ray.init(num_cpus=cpus, **kwargs)
+            self.started_ray = True
+        return ray
+
+    def _start(self, i: int):
+        ray = self._init_ray()
+        seed = self.seed + 10_007 * (i + 1) + 1_000_003 * self.runner_restarts
+        actor = ray.remote(EnvRunner).options(num_cpus=self.cfg.run.runner_cpus,
+                                              max_restarts=0)
+        return actor.remote(self._cfg_yaml, i, seed, self.per_runner)
+
+    def start(self) -> None:
+        if not self.runners:
+            self.runners = [self._start(i) for i in range(self.num_runners)]
+
+    def _weights_ref(self, agent):
+        ref, version = self._weights
+        if version != agent.updates:
+            ray = _ray()
+            cpu = lambda m: {k: v.detach().cpu() for k, v in m.state_dict().items()}  # noqa
+            ref = ray.put({"world_model": cpu(agent.wm), "actor": cpu(agent.actor)})
+            self._weights = (ref, agent.updates)
+        return ref
+
+    def _submit(self, i: int, agent, explore_random: bool) -> None:
+        weights, version = None, -1
+        every = self.cfg.run.weight_sync_every
+        if agent is not None and (self.versions[i] < 0
+                                  or agent.updates - self.versions[i] >= every):
+            weights, version = self._weights_ref(agent), agent.updates
+            self.versions[i] = agent.updates
+        ref = self.runners[i].sample.remote(self.chunk, weights, version,
+                                            explore_random or agent is None)
+        self.inflight[ref] = i
+
+    def _replace(self, i: int, exc: Exception) -> None:
+        ray = _ray()
+        self.runner_restarts += 1
+        self.dropped_chunks += 1
+        if self.runner_restarts > self.cfg.run.max_runner_restarts:
+            raise RuntimeError(f"Ray env runners died more than run.max_runner_restarts="
+                               f"{self.cfg.run.max_runner_restarts} times; last error: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"warning: Ray env runner {i} died ({type(exc).__name__}: {first_line[:200]}); "
+              f"its in-flight chunk of {self.per_runner}x{self.chunk} steps is dropped and "
+              f"a new runner takes its place ({self.runner_restarts}/"
+              f"{self.cfg.run.max_runner_restarts})", flush=True)
+        try:
+            ray.kill(self.runners[i])
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        self.runners[i] = self._start(i)
+        self.versions[i] = -1
+        self.env_restarts_seen[i] = 0
+
+    # ------------------------------------------------------------------ the trainer's API
+
+    def collect(self, agent, replay) -> tuple[int, list]:
+        """Wait for the next finished chunk, store it in `replay` (a ReplayGroup) and give
+        that runner its next task. `agent=None` means random actions (prefill). Returns the
+        env steps added (0 when the chunk was lost with its runner) and finished episodes."""
+        from .runner import Episode
+        ray = _ray()
+        self.start()
+        for i in range(self.num_runners):  # every runner keeps one chunk in flight
+            if i not in self.inflight.values():
+                self._submit(i, agent, agent is None)
+        waited = time.time()
+        (ref,), _ = ray.wait(list(self.inflight), num_returns=1)
+        i = self.inflight.pop(ref)
+        self._waited += time.time() - waited
+        try:
+            out = ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+            self._replace(i, exc)
+            self._submit(i, agent, agent is None)
+            return 0, []
+        replay.add_chunk(i, out["chunk"])
+        self.restarts += out["restarts"] - self.env_restarts_seen[i]
+        self.env_restarts_seen[i] = out["restarts"]
+        if out["version"] is not None and agent is not None:
+            self._lags.append(agent.updates - out["version"])
+        self._submit(i, agent, agent is None)
+        return self.per_runner * self.chunk, [Episode(r, n) for r, n in out["episodes"]]
+
+    def metrics(self) -> dict:
+        """Runner metrics since the last call (for the trainer's metric rows)."""
+        row = {"runners/restarts": self.runner_restarts,
+               "runners/dropped_chunks": self.dropped_chunks}
+        if self._lags:
+            row["runners/policy_lag"] = float(np.mean(self._lags))
+            row["runners/policy_lag_max"] = float(np.max(self._lags))
+        now = time.time()
+        row["runners/learner_wait_fraction"] = self._waited / max(now - self._since, 1e-9)
+        self._lags, self._waited, self._since = [], 0.0, now
+        return row
+
+    def close(self) -> None:
+        if not self.runners:
+            return
+        ray = _ray()
+        for actor in self.runners:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001
+                pass
+        self.runners, self.inflight = [], {}
+        if self.started_ray:
+            ray.shutdown()
+            self.started_ray = False

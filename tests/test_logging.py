@@ -1,0 +1,212 @@
+"""Logging backends: metrics.jsonl / episodes.jsonl hold the documented keys, TensorBoard event
+files are readable and hold the scalars, W&B writes an offline run without network, and the
+progress display is quiet when stdout is not a terminal.
+
+One tiny real run (nano model, 60 env steps, 20 updates, one evaluation) is resumed once to 80
+steps; the tests read what the two runs wrote."""
+
+import contextlib
+import importlib.util
+import io
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from lucid.config import ConfigError, logger_backends, make_config
+from lucid.logger import Logger, import_wandb
+from lucid.train import Trainer
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
+GROUPS = ("train", "world_model", "actor", "critic", "episode", "eval", "replay", "perf",
+          "runners", "dist", "crafter")
+
+HAS_WANDB = importlib.util.find_spec("wandb") is not None
+
+
+def _documented(section: str) -> dict[str, str]:
+    """{key: when} from the table under `## <section>` in docs/architecture.md."""
+    text = DOCS.read_text()
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)` \| ([^|]+) \|", body, re.M)
+    assert rows, f"no key table under '## {section}' in {DOCS}"
+    return {k: when.strip() for k, when in rows}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("logging")
+    run_dir = tmp / "run"
+    loggers = "tensorboard,wandb" if HAS_WANDB else "tensorboard"
+    cfg = make_config("default",
+                      env={"id": "CartPole-v1", "num_envs": 2}, model={"size": "nano"},
+                      train={"batch_size": 4, "batch_length": 16, "horizon": 5, "prefill": 20,
+                             "train_ratio": 32, "replay_capacity": 10_000},
+                      run={"steps": 60, "log_every": 0.0, "progress": True,
+                           "run_dir": str(run_dir), "eval_every": 40, "eval_episodes": 1,
+                           "logger": loggers, "histogram_every": 1, "videos": False})
+    out = io.StringIO()  # not a TTY, like a CI log
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        for k, v in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
+                     "WANDB_CONFIG_DIR": str(tmp / "wandb-config"),
+                     "WANDB_CACHE_DIR": str(tmp / "wandb-cache"),
+                     "WANDB_DATA_DIR": str(tmp / "wandb-data")}.items():
+            mp.setenv(k, v)
+        first = Trainer(cfg)
+        first.run()
+        first.close()
+        again = Trainer(make_config("default", run={"steps": 80}), run_dir, resume=True)
+        again.run()
+        again.close()
+    return {"dir": run_dir, "stdout": out.getvalue(), "counters": again.counters}
+
+
+def _rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_metrics_rows_hold_the_documented_keys(run):
+    rows = _rows(run["dir"] / "metrics.jsonl")
+    assert rows[-1]["env_steps"] == run["counters"]["env_steps"] >= 80
+    documented = _documented("Metrics")
+    always = {k for k, when in documented.items() if when == "every row"}
+    after_update = {k for k, when in documented.items() if when == "rows with updates"}
+    assert {"env_steps", "updates", "perf/env_steps_per_s", "replay/steps"} <= always
+    assert {"world_model/loss", "actor/loss", "critic/loss"} <= after_update
+    for row in rows:
+        assert always <= set(row), always - set(row)
+    trained = [r for r in rows if "world_model/loss" in r]
+    assert trained, "no row after an update"
+    for row in trained:
+        assert after_update <= set(row), after_update - set(row)
+    assert any("episode/return_recent" in r for r in rows)
+    # every logged key is documented, and every metric is in one of the groups
+    logged = set().union(*rows)
+    undocumented = {k for k in logged if k not in documented}
+    assert not undocumented, f"keys missing from docs/architecture.md: {sorted(undocumented)}"
+    for key in logged:
+        assert "/" not in key or key.split("/")[0] in GROUPS, key
+
+
+def test_episode_rows_hold_the_documented_keys(run):
+    rows = _rows(run["dir"] / "episodes.jsonl")
+    documented = _documented("Episodes")
+    always = {k for k, when in documented.items() if when == "every row"}
+    train = [r for r in rows if not r["eval"]]
+    evals = [r for r in rows if r["eval"]]
+    assert train and evals
+    for row in rows:
+        assert always <= set(row) <= set(documented), set(row) ^ always
+    assert {r["policy"] for r in evals} == {"greedy", "sampled"}
+    assert min(r["env_steps"] for r in evals) >= 40
+
+
+def test_tensorboard_events_are_readable_and_hold_the_scalars(run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run["dir"] / "tb"),
+                           size_guidance={"scalars": 0, "histograms": 0, "tensors": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    documented = _documented("Metrics")
+    tb_only = {k for k, when in documented.items() if when == "TensorBoard, W&B"}
+    rows = _rows(run["dir"] / "metrics.jsonl")
+    logged = {k for r in rows for k in r if "/" in k}
+    assert logged | tb_only <= set(tags["scalars"]), (logged | tb_only) - set(tags["scalars"])
+    # the values are the JSONL ones, at x = env steps, from both the first and resumed run
+    loss = acc.Scalars("world_model/loss")
+    jsonl = [(r["env_steps"], r["world_model/loss"]) for r in rows if "world_model/loss" in r]
+    assert [e.step for e in loss] == [s for s, _ in jsonl]
+    assert [e.value for e in loss] == pytest.approx([v for _, v in jsonl], rel=1e-6)
+    assert max(e.step for e in loss) >= 80
+    train_eps = [r for r in _rows(run["dir"] / "episodes.jsonl") if not r["eval"]]
+    assert len(acc.Scalars("episode/return")) == len(train_eps)
+    evals = [r for r in _rows(run["dir"] / "episodes.jsonl") if r["eval"]]
+    for tag, policy in (("eval/return", "greedy"), ("eval/sampled_return", "sampled")):
+        eps = [r for r in evals if r["policy"] == policy]
+        steps = sorted({r["env_steps"] for r in eps})
+        assert [e.step for e in acc.Scalars(tag)] == steps  # one point per evaluation
+        first = [r["return"] for r in eps if r["env_steps"] == steps[0]]
+        assert acc.Scalars(tag)[0].value == pytest.approx(sum(first) / len(first))
+    assert {"episode/returns", "episode/lengths"} <= set(tags["histograms"])
+    assert "config/text_summary" in tags["tensors"]
+
+
+@pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed (pip install 'lucid-rl[wandb]')")
+def test_wandb_offline_run_writes_its_files(run):
+    wdir = run["dir"] / "wandb"
+    run_id = (wdir / "run_id").read_text().strip()
+    runs = sorted(wdir.glob("offline-run-*"))
+    assert len(runs) == 2, runs  # the first run and its resumption: one W&B run id
+    for r in runs:
+        assert r.name.endswith("-" + run_id)
+        data = (r / f"run-{run_id}.wandb").read_bytes()
+        assert len(data) > 0
+        for key in (b"world_model/loss", b"actor/loss", b"critic/loss", b"env_steps"):
+            assert key in data, key
+    first = (runs[0] / f"run-{run_id}.wandb").read_bytes()
+    for key in (b"episode/return", b"eval/return", b"episode/returns"):  # episodes, histogram
+        assert key in first, key
+
+
+def test_progress_is_quiet_when_stdout_is_not_a_tty(run):
+    out = run["stdout"]
+    assert "\x1b[" not in out and "\r" not in out  # no bar, no terminal control codes
+    progress = [line for line in out.splitlines() if "] steps " in line]
+    # one plain line at the first metric row of each of the two runs (then one a minute)
+    assert 1 <= len(progress) <= 4, out
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    log = Logger(tmp_path / "tty", progress=True, backends="none", total_steps=10)
+    try:
+        assert log.bar is not None and not log.plain
+    finally:
+        log.close()
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    log = Logger(tmp_path / "pipe", progress=True, backends="none", total_steps=10)
+    log.metrics({"env_steps": 5, "updates": 0})
+    log.metrics({"env_steps": 6, "updates": 0})
+    log.close()
+    assert log.bar is None
+    assert sys.stdout.getvalue().count("\n") == 1  # at most one line a minute
+
+
+def test_logger_none_writes_jsonl_only(tmp_path):
+    log = Logger(tmp_path, progress=False, backends="none")
+    log.metrics({"env_steps": 1, "updates": 0, "perf/env_steps_per_s": 1.0})
+    log.episode({"env_steps": 1, "return": 1.0, "length": 1, "wall_time": 0.0, "eval": False})
+    log.close()
+    assert log.tb is None and log.wandb is None
+    assert not (tmp_path / "tb").exists() and not (tmp_path / "wandb").exists()
+    assert _rows(tmp_path / "metrics.jsonl")[0]["env_steps"] == 1
+    assert _rows(tmp_path / "episodes.jsonl")[0]["return"] == 1.0
+
+
+def test_run_logger_accepts_names_lists_and_none():
+    assert logger_backends("tensorboard") == ["tensorboard"]
+    assert logger_backends("tensorboard, wandb") == ["tensorboard", "wandb"]
+    assert logger_backends(["wandb", "tensorboard"]) == ["wandb", "tensorboard"]
+    assert logger_backends("none") == [] and logger_backends(None) == []
+    assert make_config("default").run.logger == "tensorboard"
+    assert make_config("default", ["run.logger=none"]).run.logger == "none"
+    assert make_config("default", ["run.logger=[tensorboard]"]).run.logger == ["tensorboard"]
+    with pytest.raises(ConfigError, match="tensorbord.*did you mean 'tensorboard'"):
+        make_config("default", ["run.logger=tensorbord"])
+    with pytest.raises(ConfigError, match="run.wandb_mode"):
+        make_config("default", ["run.wandb_mode=sometimes"])
+
+
+def test_missing_wandb_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
+    with pytest.raises(ConfigError, match=re.escape("pip install 'lucid-rl[wandb]'")):
+        make_config("default", ["run.logger=tensorboard,wandb"])
+    with pytest.raises(ImportError, match=re.escape("pip install 'lucid-rl[wandb]'")):
+        import_wandb()
+    make_config("default", ["run.logger=tensorboard"])  # fine without wandb
