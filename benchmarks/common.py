@@ -95,11 +95,14 @@ def rss_mb() -> float:
         return float("nan")
 
 
-def write_json(path: str | Path, payload: dict) -> Path:
+def write_json(path: str | Path, payload: dict, quiet: bool = False) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=1, default=str))
-    print(f"wrote {out}")
+    tmp = out.with_name(out.name + ".tmp")  # whole or not at all, even if killed mid-write
+    tmp.write_text(json.dumps(payload, indent=1, default=str))
+    tmp.replace(out)
+    if not quiet:
+        print(f"wrote {out}")
     return out
 
 

@@ -4,6 +4,8 @@
     python benchmarks/train_step.py --size all --obs vector image --action discrete continuous
     python benchmarks/train_step.py --size nano XXS --both          # eager and compiled
     python benchmarks/train_step.py --size XS --threads 2 --iters 10 --json out.json
+    python benchmarks/train_step.py --size S XL --obs vector image --device cuda \
+        --precision fp32 bf16 --both --timeout 120 --deadline $(( $(date +%s) + 300 ))
 
 For every (size, observation, action, mode) it prints median / min / max ms per update over
 `--iters` updates after `--warmup` (the first compiled update, which compiles, is reported as
@@ -11,9 +13,13 @@ For every (size, observation, action, mode) it prints median / min / max ms per 
 floating-point operations per update (forward + backward of one `train_step`, counted with
 torch's FlopCounterMode: matrix products and convolutions only, not elementwise ops), the
 achieved GFLOP/s and its fraction of a matrix-multiply peak measured in the same run at the
-same thread count. Each configuration runs in its own subprocess (clean peak RSS and compile
-caches) unless `--inline`. JSON holds the machine's description, load average and library
-versions. Numbers, not asserts.
+same thread count (and, for bf16 rows, against a bf16 matmul peak). `--precision bf16` runs
+the update with `train.precision=bf16` (autocast). Each configuration runs in its own
+subprocess (clean peak RSS and compile caches) unless `--inline`; `--timeout` bounds one
+configuration and `--deadline` (unix time) skips the ones that would start too late, so a
+prepared GPU script fits its time. JSON (rewritten after every configuration, so a killed run
+keeps what it measured) holds the machine's description, load average and library versions.
+Numbers, not asserts.
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ def batch_for(obs_spec: ObsSpec, act_spec: ActionSpec, B: int, T: int, device) -
 
 def peak_memory_mb(device) -> float:
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated() / 2**20
+        return torch.cuda.max_memory_allocated(device) / 2**20
     return peak_rss_mb()
 
 
@@ -83,8 +89,8 @@ def count_flops(agent: Agent, batch: dict) -> int:
 
 
 def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
-          horizon: int | None = None) -> dict:
-    train = {"batch_size": B, "batch_length": T}
+          horizon: int | None = None, precision: str = "fp32") -> dict:
+    train = {"batch_size": B, "batch_length": T, "precision": precision}
     if horizon:
         train["horizon"] = horizon
     cfg = make_config("default", model={"size": size}, train=train)
@@ -93,7 +99,7 @@ def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
     agent = Agent(obs_spec, act_spec, cfg, device)  # eager; compiled below (same maths)
     batch = batch_for(obs_spec, act_spec, B, T, device)
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_peak_memory_stats(device)
     flops = count_flops(agent, batch)  # also the eager warm-up
     first_s = None
     if compile_:
@@ -114,18 +120,23 @@ def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
     med = statistics.median(times)
     return {"size": size, "obs": obs, "action": action, "B": B, "T": T,
             "horizon": cfg.train.horizon, "device": str(device),
-            "mode": "compiled" if compile_ else "eager",
+            "mode": "compiled" if compile_ else "eager", "precision": precision,
             "ms_median": 1e3 * med, "ms_min": 1e3 * min(times), "ms_max": 1e3 * max(times),
             "first_s": first_s, "updates_per_s": 1 / med, "replayed_steps_per_s": B * T / med,
             "flops_per_update": flops, "gflops_per_s": flops / med / 1e9,
             "peak_mem_mb": peak_memory_mb(device), "params": agent.num_params(),
+            "peak_reserved_mb": (torch.cuda.max_memory_reserved(device) / 2**20
+                                 if device.type == "cuda" else None),
             "threads": torch.get_num_threads(), "iters": iters, "warmup": warmup}
 
 
-def run_isolated(args: list[str]) -> dict:
+def run_isolated(args: list[str], timeout: float | None = None) -> dict:
     """One configuration in a fresh interpreter: its own peak RSS and compile caches."""
     cmd = [sys.executable, __file__, "--one", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": [f"timed out after {timeout:.0f} s"]}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
@@ -145,7 +156,13 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2, help="untimed updates (compiled: >= 2)")
     p.add_argument("--compile", action="store_true", help="run with train.compile=true")
     p.add_argument("--both", action="store_true", help="run eager and compiled")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", "bf16"],
+                   help="train.precision of the update (bf16: autocast)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--timeout", type=float, default=0,
+                   help="seconds allowed per configuration, compilation included (0 = none)")
+    p.add_argument("--deadline", type=float, default=0,
+                   help="unix time after which no configuration starts (0 = none)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--peak-n", type=int, default=2048, help="side of the peak matmul (0 = skip)")
     p.add_argument("--inline", action="store_true", help="no subprocess per configuration")
@@ -160,59 +177,96 @@ def main(argv=None):
 
     if a.one:  # child: one configuration, one JSON line
         r = bench(sizes[0], a.obs[0], a.action[0], a.batch, a.length, a.iters, a.warmup,
-                  device, a.compile, a.horizon or None)
+                  device, a.compile, a.horizon or None, a.precision[0])
         print(json.dumps(r))
         return
 
-    peak = matmul_peak(a.peak_n, device=device) if a.peak_n else None
-    if peak:
-        print(f"matmul peak: {peak['gflops_median']:.1f} GFLOP/s median "
-              f"({peak['gflops_best']:.1f} best) fp32 {a.peak_n}^3, {peak['threads']} threads")
+    peaks = {}
+    for prec in a.precision if a.peak_n else []:
+        dtype = torch.bfloat16 if prec == "bf16" else torch.float32
+        peaks[prec] = pk = matmul_peak(a.peak_n, device=device, dtype=dtype)
+        print(f"matmul peak: {pk['gflops_median']:.1f} GFLOP/s median "
+              f"({pk['gflops_best']:.1f} best) {prec} {a.peak_n}^3, {pk['threads']} threads")
     rows = []
-    print(f"{'size':>5} {'obs':>6} {'action':>10} {'mode':>8} {'B':>3} {'T':>3} {'ms med':>9} "
-          f"{'min':>8} {'max':>8} {'upd/s':>7} {'steps/s':>8} {'GFLOP/upd':>9} {'GFLOP/s':>8} "
-          f"{'%peak':>6} {'peak MB':>8} {'1st s':>6}")
+
+    def save():  # after every configuration: a run killed later keeps what it measured
+        write_json(a.json, {"machine": machine(), "matmul_peak": peaks.get("fp32"),
+                            "matmul_peaks": peaks, "args": vars(a), "results": rows,
+                            "speedups": speedups(rows)}, quiet=True)
+
+    print(f"{'size':>5} {'obs':>6} {'action':>10} {'mode':>8} {'prec':>4} {'B':>3} {'T':>3} "
+          f"{'ms med':>9} {'min':>8} {'max':>8} {'upd/s':>7} {'steps/s':>8} {'GFLOP/upd':>9} "
+          f"{'GFLOP/s':>8} {'%peak':>6} {'peak MB':>8} {'1st s':>6}")
     for size in sizes:
         for obs in a.obs:
             for action in a.action:
-                for comp in modes:
-                    if a.inline:
-                        r = bench(size, obs, action, a.batch, a.length, a.iters, a.warmup,
-                                  device, comp, a.horizon or None)
-                    else:
-                        child = ["--size", size, "--obs", obs, "--action", action,
-                                 "--batch", str(a.batch), "--length", str(a.length),
-                                 "--horizon", str(a.horizon), "--iters", str(a.iters),
-                                 "--warmup", str(a.warmup), "--device", a.device,
-                                 "--threads", str(torch.get_num_threads())]
-                        r = run_isolated(child + (["--compile"] if comp else []))
-                    mode = "compiled" if comp else "eager"
-                    if "error" in r:
-                        print(f"{size:>5} {obs:>6} {action:>10} {mode:>8} failed: {r['error']}")
-                        rows.append({"size": size, "obs": obs, "action": action, "mode": mode,
-                                     **r})
-                        continue
-                    if peak:
-                        r["fraction_of_peak"] = r["gflops_per_s"] / peak["gflops_median"]
-                    rows.append(r)
-                    frac = f"{100 * r['fraction_of_peak']:6.1f}" if peak else f"{'-':>6}"
-                    print(f"{size:>5} {obs:>6} {action:>10} {mode:>8} {a.batch:>3} {a.length:>3} "
-                          f"{r['ms_median']:9.1f} {r['ms_min']:8.1f} {r['ms_max']:8.1f} "
-                          f"{r['updates_per_s']:7.2f} {r['replayed_steps_per_s']:8.0f} "
-                          f"{r['flops_per_update'] / 1e9:9.1f} {r['gflops_per_s']:8.1f} {frac} "
-                          f"{r['peak_mem_mb']:8.0f} {r['first_s']:6.1f}", flush=True)
-    speedups = []
-    if a.both:
-        key = lambda r: (r["size"], r["obs"], r["action"])  # noqa: E731
-        eager = {key(r): r for r in rows if r.get("mode") == "eager" and "error" not in r}
-        for r in rows:
-            if r.get("mode") == "compiled" and "error" not in r and key(r) in eager:
-                s = eager[key(r)]["ms_median"] / r["ms_median"]
-                speedups.append({"size": r["size"], "obs": r["obs"], "action": r["action"],
-                                 "compiled_speedup": s})
-                print(f"compiled / eager speed-up {r['size']} {r['obs']} {r['action']}: {s:.2f}x")
-    write_json(a.json, {"machine": machine(), "matmul_peak": peak, "args": vars(a),
-                        "results": rows, "speedups": speedups})
+                for prec in a.precision:
+                    for comp in modes:
+                        mode = "compiled" if comp else "eager"
+                        head = f"{size:>5} {obs:>6} {action:>10} {mode:>8} {prec:>4}"
+                        left = a.deadline - time.time() if a.deadline else None
+                        if left is not None and left < 10:
+                            print(f"{head} skipped: past --deadline", flush=True)
+                            rows.append({"size": size, "obs": obs, "action": action,
+                                         "mode": mode, "precision": prec,
+                                         "error": ["skipped: past --deadline"]})
+                            save()
+                            continue
+                        if a.inline:
+                            r = bench(size, obs, action, a.batch, a.length, a.iters, a.warmup,
+                                      device, comp, a.horizon or None, prec)
+                        else:
+                            child = ["--size", size, "--obs", obs, "--action", action,
+                                     "--batch", str(a.batch), "--length", str(a.length),
+                                     "--horizon", str(a.horizon), "--iters", str(a.iters),
+                                     "--warmup", str(a.warmup), "--device", a.device,
+                                     "--precision", prec,
+                                     "--threads", str(torch.get_num_threads())]
+                            limits = [x for x in (a.timeout, left) if x]
+                            r = run_isolated(child + (["--compile"] if comp else []),
+                                             timeout=min(limits) if limits else None)
+                        if "error" in r:
+                            print(f"{head} failed: {r['error']}", flush=True)
+                            rows.append({"size": size, "obs": obs, "action": action,
+                                         "mode": mode, "precision": prec, **r})
+                            save()
+                            continue
+                        peak = peaks.get(prec)
+                        if peak:
+                            r["fraction_of_peak"] = r["gflops_per_s"] / peak["gflops_median"]
+                        rows.append(r)
+                        save()
+                        frac = f"{100 * r['fraction_of_peak']:6.1f}" if peak else f"{'-':>6}"
+                        print(f"{head} {a.batch:>3} {a.length:>3} "
+                              f"{r['ms_median']:9.1f} {r['ms_min']:8.1f} {r['ms_max']:8.1f} "
+                              f"{r['updates_per_s']:7.2f} {r['replayed_steps_per_s']:8.0f} "
+                              f"{r['flops_per_update'] / 1e9:9.1f} {r['gflops_per_s']:8.1f} "
+                              f"{frac} {r['peak_mem_mb']:8.0f} {r['first_s']:6.1f}", flush=True)
+    for sp in speedups(rows):
+        print(f"{sp['kind']} speed-up {sp['size']} {sp['obs']} {sp['action']} "
+              f"{sp['variant']}: {sp['speedup']:.2f}x")
+    save()
+    print(f"wrote {a.json}")
+
+
+def speedups(rows: list[dict]) -> list[dict]:
+    """compiled / eager at each precision, and bf16 / fp32 in each mode (ratios of medians)."""
+    ok = {(r["size"], r["obs"], r["action"], r["mode"], r["precision"]): r for r in rows
+          if "error" not in r}
+    out = []
+    for (size, obs, action, mode, prec), r in ok.items():
+        base = None
+        if mode == "compiled":
+            base, kind, variant = ok.get((size, obs, action, "eager", prec)), "compiled/eager", prec
+        if base is not None:
+            out.append({"kind": kind, "size": size, "obs": obs, "action": action,
+                        "variant": variant, "speedup": base["ms_median"] / r["ms_median"]})
+        if prec == "bf16":
+            base = ok.get((size, obs, action, mode, "fp32"))
+            if base is not None:
+                out.append({"kind": "bf16/fp32", "size": size, "obs": obs, "action": action,
+                            "variant": mode, "speedup": base["ms_median"] / r["ms_median"]})
+    return out
 
 
 if __name__ == "__main__":

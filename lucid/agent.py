@@ -80,6 +80,19 @@ class Agent:
                   self.critic.net, self.critic.slow):
             m.compile(dynamic=False)  # in place: parameters and their names are unchanged
 
+    # ------------------------------------------------------------------ precision
+
+    def autocast(self):
+        """`train.precision=bf16`: torch.autocast(bf16) for the forward passes of an update
+        (world-model loss, imagination, actor and critic heads); backward passes and optimiser
+        steps run outside it. Autocast runs matmuls and convolutions in bf16; the code keeps
+        the rest fp32 explicitly (nets.LayerNorm, `.float()` before every distribution and
+        loss), so λ-returns, return normalisation and parameters never see bf16. Acting
+        (`policy`) stays fp32. fp32: a no-op context."""
+        if self.config.train.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     # ------------------------------------------------------------------ acting
 
     def initial_state(self, batch: int) -> State:
@@ -132,7 +145,8 @@ class Agent:
         skipped_before = self.skipped
 
         # 1. World model.
-        wm_loss, metrics, out = wm.loss(batch, t)
+        with self.autocast():
+            wm_loss, metrics, out = wm.loss(batch, t)
         metrics["world_model/grad_norm"] = self._step(self.opt_wm, wm_loss, wm.parameters(),
                                                       t.model_clip)
 
@@ -151,23 +165,24 @@ class Agent:
             params.append(p)
             return a if dynamics_grad else a.detach()
 
-        with frozen(wm), torch.set_grad_enabled(dynamics_grad):
-            feat, action = wm.imagine(policy, h, z, t.horizon)
-            # 3. Dreamed rewards (mean), continues (mode) and values -> λ-returns (real space).
-            # Step 0's reward is never used and its continue is known from the replay.
-            reward = wm.twohot.mean(wm.reward(feat[1:]))
-            reward = torch.cat([torch.zeros_like(reward[:1]), reward], 0)
-            cont = (wm.cont(feat[1:]).squeeze(-1) > 0).float()
-            cont = torch.cat([start_cont[None], cont], 0)
-        critic_logits = critic(feat[:-1].detach())  # for the critic loss
-        if dynamics_grad:  # values must pass gradients to the imagined states
-            with frozen(critic):
-                value = critic.value(feat)
-        else:
-            with torch.no_grad():
-                value = torch.cat([critic.twohot.mean(critic_logits.detach()),
-                                   critic.value(feat[-1:])])
-        ret = lambda_return(reward, cont, value, t.gamma, t.lam)
+        with self.autocast():  # heads' outputs are fp32 (cast before the two-hot means)
+            with frozen(wm), torch.set_grad_enabled(dynamics_grad):
+                feat, action = wm.imagine(policy, h, z, t.horizon)
+                # 3. Dreamed rewards (mean), continues (mode) and values -> λ-returns (real
+                # space). Step 0's reward is never used; its continue is known from the replay.
+                reward = wm.twohot.mean(wm.reward(feat[1:]))
+                reward = torch.cat([torch.zeros_like(reward[:1]), reward], 0)
+                cont = (wm.cont(feat[1:]).squeeze(-1) > 0).float()
+                cont = torch.cat([start_cont[None], cont], 0)
+            critic_logits = critic(feat[:-1].detach())  # for the critic loss
+            if dynamics_grad:  # values must pass gradients to the imagined states
+                with frozen(critic):
+                    value = critic.value(feat)
+            else:
+                with torch.no_grad():
+                    value = torch.cat([critic.twohot.mean(critic_logits.detach()),
+                                       critic.value(feat[-1:])])
+        ret = lambda_return(reward, cont, value, t.gamma, t.lam)  # fp32, outside autocast
         weight = imagined_weights(cont, t.gamma).detach()
         self.retnorm.update(ret if self.gather is None else self.gather(ret.detach()))
         scale = self.retnorm.scale()
@@ -180,7 +195,8 @@ class Agent:
                                                 t.actor_clip)
 
         # 5. Critic on detached imagined states, then its slow copy.
-        c_loss, c_metrics = critic_loss(critic, critic_logits, feat[:-1], ret, weight, t)
+        with self.autocast():  # the slow critic's forward pass; the loss itself is fp32
+            c_loss, c_metrics = critic_loss(critic, critic_logits, feat[:-1], ret, weight, t)
         metrics.update(c_metrics)
         metrics["critic/grad_norm"] = self._step(self.opt_critic, c_loss,
                                                  critic.net.parameters(), t.critic_clip)

@@ -9,7 +9,8 @@ from torch import nn
 
 from .config import ModelConfig, TrainConfig
 from .envs.spaces import ActionSpec
-from .nets import Head, TwoHot, categorical_entropy, onehot_mode, onehot_sample, unimix_logits
+from .nets import (Head, TwoHot, categorical_entropy, fp32, onehot_mode, onehot_sample,
+                   unimix_logits)
 
 
 def lambda_return(reward: torch.Tensor, cont: torch.Tensor, value: torch.Tensor,
@@ -68,7 +69,7 @@ class Actor(nn.Module):
         self.head = Head(feat_dim, dims["dense_units"], dims["dense_layers"], out)
 
     def params(self, feat: torch.Tensor):
-        x = self.head(feat)
+        x = fp32(self.head(feat))  # distribution parameters in fp32 (bf16 autocast)
         if self.spec.is_discrete:
             return [unimix_logits(p, self.unimix) for p in x.split(self.spec.discrete, -1)]
         mean, std = x.chunk(2, -1)
@@ -120,7 +121,7 @@ class Critic(nn.Module):
         self.slow = copy.deepcopy(self.net).requires_grad_(False)
 
     def forward(self, feat: torch.Tensor) -> torch.Tensor:
-        return self.net(feat)
+        return fp32(self.net(feat))  # fp32 logits for the two-hot loss (bf16 autocast)
 
     def value(self, feat: torch.Tensor, slow: bool = False) -> torch.Tensor:
         return self.twohot.mean((self.slow if slow else self.net)(feat))

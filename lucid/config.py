@@ -119,6 +119,12 @@ class TrainConfig:
     # torch.compile the per-step pieces of the update (RSSM step functions, heads, encoder,
     # decoder, actor and critic nets); same maths, compiled once per shape (seconds to minutes).
     compile: bool = False
+    # Speed switches that keep the maths (docs/performance.md). precision "bf16": the update's
+    # matmuls and convolutions run in bf16 under torch.autocast (GPU, or CPUs with bf16 units);
+    # norms, GRU state, distributions, KL, two-hot losses, returns and all parameters and
+    # optimiser state stay fp32.
+    precision: str = "fp32"  # "fp32" or "bf16" (autocast of the update's forward passes)
+    prefetch: bool = False  # sample the next batch on a background thread during the update
 
 
 @dataclass
@@ -300,6 +306,7 @@ def validate(cfg: Config) -> None:
          "train.replay_capacity must hold at least one batch_length window per env"),
         (t.continuous_grad in ("dynamics", "reinforce"),
          "train.continuous_grad must be 'dynamics' or 'reinforce'"),
+        (t.precision in ("fp32", "bf16"), "train.precision must be 'fp32' or 'bf16'"),
         (cfg.run.device in ("auto", "cpu", "cuda") or cfg.run.device.startswith("cuda:"),
          "run.device must be auto, cpu or cuda[:N]"),
         (cfg.run.steps >= 0, "run.steps must be >= 0"),

@@ -32,6 +32,12 @@ def symexp(x: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- two-hot
 
 
+def fp32(x: torch.Tensor) -> torch.Tensor:
+    """Half-precision tensors (bf16/fp16 under autocast) to fp32; fp32 and fp64 pass as they
+    are. Distributions, norms and losses run on what this returns."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
 class TwoHot:
     """Two-hot encoding over `num_bins` bins uniform in [low, high] of symlog space.
 
@@ -74,7 +80,9 @@ class TwoHot:
 
     def mean(self, logits: torch.Tensor) -> torch.Tensor:
         """Expected value in real space: symexp(sum_i softmax(logits)_i * bin_i). Mirrored bins
-        are summed pairwise, so equal logits give exactly 0 (as in the authors' code)."""
+        are summed pairwise, so equal logits give exactly 0 (as in the authors' code).
+        Computed in fp32 whatever the logits' dtype (bf16 autocast)."""
+        logits = fp32(logits)
         weighted = torch.softmax(logits, -1) * self.bins(logits)
         m = self.num_bins // 2
         if self.num_bins % 2 and self.low == -self.high:
@@ -86,8 +94,8 @@ class TwoHot:
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of the two-hot encoding of symlog(target) (target in real space):
         -(1 - w) log p[below] - w log p[below + 1], gathered instead of a dense target."""
-        below, w_above = self._locate(symlog(target))
-        logp = torch.log_softmax(logits, -1)
+        below, w_above = self._locate(symlog(fp32(target)))
+        logp = torch.log_softmax(fp32(logits), -1)  # fp32 under bf16 autocast
         lp = logp.gather(-1, torch.stack([below, below + 1], -1))
         return -((1.0 - w_above) * lp[..., 0] + w_above * lp[..., 1])
 
@@ -96,7 +104,9 @@ class TwoHot:
 
 
 def unimix_logits(logits: torch.Tensor, unimix: float) -> torch.Tensor:
-    """Log-probabilities of (1 - unimix) * softmax(logits) + unimix / K over the last axis."""
+    """Log-probabilities of (1 - unimix) * softmax(logits) + unimix / K over the last axis,
+    in fp32 whatever the logits' dtype (bf16 autocast): every distribution starts here."""
+    logits = fp32(logits)
     if unimix <= 0.0:
         return torch.log_softmax(logits, -1)
     probs = torch.softmax(logits, -1)
@@ -156,6 +166,16 @@ def linear(in_dim: int, out_dim: int, bias: bool = True, zero: bool = False) -> 
 # --------------------------------------------------------------------------- dense blocks
 
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm (same parameters and state_dict keys) that always normalises in fp32: with
+    `train.precision=bf16` the matmuls before it run in bf16 under autocast, and the norm
+    (and what follows it up to the next matmul: activations, GRU gates) stays fp32. A no-op
+    cast in fp32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(fp32(x))
+
+
 class MLP(nn.Module):
     """`layers` x (Linear without bias -> LayerNorm -> SiLU)."""
 
@@ -164,7 +184,7 @@ class MLP(nn.Module):
         mods: list[nn.Module] = []
         for i in range(layers):
             mods += [linear(in_dim if i == 0 else units, units, bias=False),
-                     nn.LayerNorm(units, eps=LN_EPS), nn.SiLU()]
+                     LayerNorm(units, eps=LN_EPS), nn.SiLU()]
         self.net = nn.Sequential(*mods)
         self.out_dim = units if layers else in_dim
 
@@ -192,7 +212,7 @@ class NormGRUCell(nn.Module):
         super().__init__()
         self.units = units
         self.linear = linear(in_dim + units, 3 * units, bias=False)
-        self.norm = nn.LayerNorm(3 * units, eps=LN_EPS)
+        self.norm = LayerNorm(3 * units, eps=LN_EPS)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         parts = self.norm(self.linear(torch.cat([x, h], -1)))
@@ -211,7 +231,7 @@ class ChannelNorm(nn.Module):
 
     def __init__(self, channels: int):
         super().__init__()
-        self.norm = nn.LayerNorm(channels, eps=LN_EPS)
+        self.norm = LayerNorm(channels, eps=LN_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)

@@ -12,12 +12,19 @@ contiguous run of chunks, so a checkpoint never rewrites the whole replay and a 
 keeps every chunk that reached the disk. Chunks whose steps were all evicted are deleted.
 With `memmap=True` the ring buffer itself lives in memory-mapped files in `directory/ring/`,
 so its capacity can exceed RAM.
+
+`Prefetcher` samples the next batch on a background thread while the learner updates
+(`train.prefetch`). Writes (`add`, `add_chunk`, `restore`, `load`) and `sample` hold the
+replay's lock, so a sample never sees a half-written step.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +65,18 @@ class Replay:
         self.count = 0  # steps written per env, ever
         self.persisted = 0  # steps per env already written to chunk files
         self.rng = np.random.default_rng(seed)
+        # Held by every write and by `sample` (its indices, the gather and the RNG), so a
+        # Prefetcher thread sampling while the trainer adds steps sees each step whole.
+        self.lock = threading.RLock()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        del state["lock"]  # locks do not pickle; a copy gets its own
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
 
     @property
     def step_bytes(self) -> int:
@@ -95,25 +114,27 @@ class Replay:
 
     def add(self, step: dict[str, np.ndarray]) -> None:
         """Append one step of every env: each field shaped (num_envs, ...)."""
-        for k, arr in self.data.items():
-            arr[:, self.pos] = step[k]
-        self.pos = (self.pos + 1) % self.per_env
-        self.count += 1
-        if self.directory is not None and self.count - self.persisted >= self.chunk_length:
-            self.flush()
+        with self.lock:
+            for k, arr in self.data.items():
+                arr[:, self.pos] = step[k]
+            self.pos = (self.pos + 1) % self.per_env
+            self.count += 1
+            if self.directory is not None and self.count - self.persisted >= self.chunk_length:
+                self.flush()
 
     def add_chunk(self, steps: dict[str, np.ndarray]) -> None:
         """Append L consecutive steps of every env at once: each field shaped
         (num_envs, L, ...). Equivalent to L calls of `add`."""
         n = next(iter(steps.values())).shape[1]
         keep = min(n, self.per_env)  # a chunk longer than the ring keeps its newest steps
-        slots = (self.pos + np.arange(n - keep, n)) % self.per_env
-        for k, arr in self.data.items():
-            arr[:, slots] = steps[k][:, n - keep:]
-        self.pos = (self.pos + n) % self.per_env
-        self.count += n
-        if self.directory is not None and self.count - self.persisted >= self.chunk_length:
-            self.flush()
+        with self.lock:
+            slots = (self.pos + np.arange(n - keep, n)) % self.per_env
+            for k, arr in self.data.items():
+                arr[:, slots] = steps[k][:, n - keep:]
+            self.pos = (self.pos + n) % self.per_env
+            self.count += n
+            if self.directory is not None and self.count - self.persisted >= self.chunk_length:
+                self.flush()
 
     def can_sample(self, length: int) -> bool:
         return min(self.count, self.per_env) >= length
@@ -130,8 +151,10 @@ class Replay:
         return env[:, None], idx
 
     def sample(self, batch: int, length: int) -> dict[str, np.ndarray]:
-        env, idx = self.sample_indices(batch, length)
-        return {k: arr[env, idx] for k, arr in self.data.items()}
+        """B windows of T steps (copies: later writes do not change them)."""
+        with self.lock:
+            env, idx = self.sample_indices(batch, length)
+            return {k: arr[env, idx] for k, arr in self.data.items()}
 
     # ------------------------------------------------------------------ persistence
 
@@ -167,6 +190,10 @@ class Replay:
     def restore(self) -> int:
         """Rebuild the buffer from the newest contiguous run of chunk files (unreadable chunks
         end the run). Returns the number of steps per env restored."""
+        with self.lock:
+            return self._restore()
+
+    def _restore(self) -> int:
         chunks = self._chunks()
         run: list[tuple[Path, int, int]] = []
         for path, (first, end) in reversed(chunks):
@@ -225,6 +252,10 @@ class Replay:
 
     def load(self, path: str | Path) -> None:
         """Import a file written by `save` (oldest steps dropped if it exceeds capacity)."""
+        with self.lock:
+            self._load(path)
+
+    def _load(self, path: str | Path) -> None:
         with np.load(path, allow_pickle=False) as f:
             arrays = self._check(path, {k: f[k] for k in f.files})
             count = int(arrays["__count__"])
@@ -248,9 +279,20 @@ class ReplayGroup:
     def __init__(self, parts: list[Replay], seed: int = 0):
         self.parts = parts
         self.rng = np.random.default_rng(seed)
+        self.lock = threading.RLock()  # taken before a part's lock, never after
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        del state["lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
 
     def add_chunk(self, part: int, steps: dict[str, np.ndarray]) -> None:
-        self.parts[part].add_chunk(steps)
+        with self.lock:
+            self.parts[part].add_chunk(steps)
 
     def __len__(self) -> int:
         return sum(len(p) for p in self.parts)
@@ -267,11 +309,12 @@ class ReplayGroup:
         return bool(self._windows(length).sum() > 0)
 
     def sample(self, batch: int, length: int) -> dict[str, np.ndarray]:
-        w = self._windows(length)
-        if w.sum() <= 0:
-            raise ValueError(f"no env runner's replay holds {length} steps per env yet")
-        counts = self.rng.multinomial(batch, w / w.sum())
-        samples = [p.sample(int(c), length) for p, c in zip(self.parts, counts) if c > 0]
+        with self.lock:
+            w = self._windows(length)
+            if w.sum() <= 0:
+                raise ValueError(f"no env runner's replay holds {length} steps per env yet")
+            counts = self.rng.multinomial(batch, w / w.sum())
+            samples = [p.sample(int(c), length) for p, c in zip(self.parts, counts) if c > 0]
         return {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
 
     def flush(self) -> None:
@@ -279,7 +322,8 @@ class ReplayGroup:
             p.flush()
 
     def restore(self) -> int:
-        return sum(p.restore() for p in self.parts)
+        with self.lock:
+            return sum(p.restore() for p in self.parts)
 
     @property
     def fullest(self) -> Replay:
@@ -292,11 +336,108 @@ class ReplayGroup:
     num_envs = property(lambda self: self.fullest.num_envs)
 
 
-def to_batch(sample: dict[str, np.ndarray], device: torch.device) -> dict:
-    """Numpy window sample -> the agent's batch dict of tensors (B, T, ...)."""
-    obs = {k[4:]: torch.as_tensor(v, device=device) for k, v in sample.items()
-           if k.startswith("obs/")}
-    out = {k: torch.as_tensor(v, device=device) for k, v in sample.items()
-           if not k.startswith("obs/")}
+def to_batch(sample: dict[str, np.ndarray], device: torch.device, pin: bool = False) -> dict:
+    """Numpy window sample -> the agent's batch dict of tensors (B, T, ...). With `pin` and a
+    CUDA device, each array goes through pinned host memory and is copied with
+    `non_blocking=True` (asynchronous on the current CUDA stream)."""
+    device = torch.device(device)
+    if pin and device.type == "cuda":
+        move = lambda v: torch.from_numpy(v).pin_memory().to(device, non_blocking=True)  # noqa: E731
+    else:
+        move = lambda v: torch.as_tensor(v, device=device)  # noqa: E731
+    obs = {k[4:]: move(v) for k, v in sample.items() if k.startswith("obs/")}
+    out = {k: move(v) for k, v in sample.items() if not k.startswith("obs/")}
     out["obs"] = obs
     return out
+
+
+def _tensors(batch: dict):
+    for v in batch.values():
+        if isinstance(v, dict):
+            yield from _tensors(v)
+        else:
+            yield v
+
+
+class Prefetcher:
+    """The learner's batches: `get()` returns the next (B, T) batch from `replay`, sampled and
+    converted (`to_batch`) on one background thread while the previous update ran, and starts
+    sampling the one after. Exactly one batch is in flight, so every `get()` consumes one
+    `replay.sample` and the replay's RNG draws the same sequence as without prefetching.
+
+    Consistency: the trainer's main thread writes the replay between updates, possibly while
+    the thread samples. `Replay.add`/`add_chunk` and `Replay.sample` hold the replay's lock,
+    so a sample sees every step either whole or not at all, and the arrays it returns are
+    copies (fancy indexing). A lock rather than "sample only between adds" because the next
+    batch is wanted *during* the update that precedes the next collect step, and the lock
+    costs the writer at most one sampling time when they collide. The price of prefetching is
+    staleness: a batch may lack the steps added since it was sampled (at most one collect
+    step, or one Ray chunk).
+
+    On CUDA the copy goes through pinned memory, non-blocking, on a side stream; `get()` makes
+    the current stream wait for it (no host sync). `background=False` samples synchronously in
+    `get()` (the plain path), so the trainer times both the same way: `wait_ms()` is the mean
+    time `get()` blocked the learner since the last call."""
+
+    def __init__(self, replay, batch_size: int, length: int, device: torch.device | str,
+                 background: bool = True):
+        self.replay, self.batch_size, self.length = replay, batch_size, length
+        self.device = torch.device(device)
+        self.background = background
+        self.cuda = self.device.type == "cuda"
+        self.stream = torch.cuda.Stream(self.device) if (self.cuda and background) else None
+        self._pool = (ThreadPoolExecutor(1, thread_name_prefix="lucid-prefetch")
+                      if background else None)
+        self._next: Future | None = None
+        self._wait_s, self._gets = 0.0, 0
+
+    def _load(self):
+        sample = self.replay.sample(self.batch_size, self.length)
+        if self.stream is None:
+            return to_batch(sample, self.device), None
+        with torch.cuda.stream(self.stream):
+            batch = to_batch(sample, self.device, pin=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return batch, event
+
+    def get(self) -> dict:
+        t0 = time.perf_counter()
+        if self._pool is None:
+            batch = to_batch(self.replay.sample(self.batch_size, self.length), self.device)
+        else:
+            if self._next is None:  # first call (or after drain): nothing in flight yet
+                self._next = self._pool.submit(self._load)
+            future, self._next = self._next, None
+            batch, event = future.result()  # re-raises the thread's exception here
+            if event is not None:  # the learner's stream waits for the copy, the host doesn't
+                current = torch.cuda.current_stream(self.device)
+                current.wait_event(event)
+                for t in _tensors(batch):  # allocated on the side stream, used on this one
+                    t.record_stream(current)
+            self._next = self._pool.submit(self._load)
+        self._wait_s += time.perf_counter() - t0
+        self._gets += 1
+        return batch
+
+    def wait_ms(self) -> float | None:
+        """Mean milliseconds `get()` kept the learner waiting since the last call (None if no
+        batch was taken)."""
+        if not self._gets:
+            return None
+        out = 1e3 * self._wait_s / self._gets
+        self._wait_s, self._gets = 0.0, 0
+        return out
+
+    def close(self) -> None:
+        """Wait for the batch in flight (discarded) and stop the thread."""
+        if self._pool is not None:
+            if self._next is not None:
+                self._next.cancel()
+                try:
+                    self._next.result()
+                except Exception:  # noqa: BLE001 - a discarded batch's error does not matter
+                    pass
+                self._next = None
+            self._pool.shutdown(wait=True)
+            self._pool = None

@@ -26,7 +26,7 @@ from .config import Config, from_yaml, to_yaml
 from .envs import ActionSpec, ObsSpec, env_fn, make_env
 from .envs.crafter import AchievementTracker
 from .logger import Logger
-from .replay import Replay, to_batch
+from .replay import Prefetcher, Replay
 from .runner import Collector, evaluate, restarting
 from . import distributed
 
@@ -109,6 +109,7 @@ class Trainer:
         self._restarts_before = self.counters["env_restarts"]
         self.recent: list[float] = []
         self._stop = False
+        self._batches: Prefetcher | None = None  # the learner's batch source, made by run()
 
     # ------------------------------------------------------------------ persistence
 
@@ -122,12 +123,16 @@ class Trainer:
             "agent": self.agent.state_dict(),
             "counters": dict(self.counters),
             "rng": ckpt.rng_state(),
-            "replay_rng": self.replay.rng.bit_generator.state,
+            "replay_rng": self._replay_rng_state(),
             "replay_count": self.replay.count,
             "achievements": self.achievements.state_dict(),
             "config": to_yaml(self.cfg),
         }
         return ckpt.save_checkpoint(self.run_dir, payload, keep=self.cfg.run.keep_checkpoints)
+
+    def _replay_rng_state(self) -> dict:
+        with self.replay.lock:  # not while a prefetch thread is drawing from it
+            return self.replay.rng.bit_generator.state
 
     def _restore(self) -> None:
         payload, path = ckpt.load_latest(self.run_dir, self.device)
@@ -171,6 +176,9 @@ class Trainer:
         last_ckpt_steps = c["env_steps"]
         bad_in_row = 0
         log_steps, log_updates = c["env_steps"], c["updates"]
+        # Batches for the updates: sampled on a background thread with train.prefetch.
+        self._batches = Prefetcher(self.replay, t.batch_size, t.batch_length, self.device,
+                                   background=t.prefetch)
         sums: dict[str, torch.Tensor] = {}
         n_sums = 0
         next_eval = (c["env_steps"] // cfg.run.eval_every + 1) * cfg.run.eval_every \
@@ -193,7 +201,7 @@ class Trainer:
                             {**c, "return": ep.ret, "length": ep.length}) is False:
                         self._stop = True
                 while c["updates"] < self.updates_due() and self.replay.can_sample(t.batch_length):
-                    batch = to_batch(self.replay.sample(t.batch_size, t.batch_length), self.device)
+                    batch = self._batches.get()  # timed: perf/batch_wait_ms
                     skipped = self.agent.skipped
                     metrics = self.agent.train_step(batch)
                     if self.agent.skipped > skipped:
@@ -243,6 +251,7 @@ class Trainer:
                 self.dist.check_identical(self.agent)
             self.save()
         finally:
+            self._batches.close()
             for s, h in old_handlers.items():
                 signal.signal(s, h)
             logger.close()
@@ -322,6 +331,9 @@ class Trainer:
                "replay/steps": len(self.replay),
                "train/nonfinite_updates": c["nonfinite_updates"],
                "train/env_restarts": c["env_restarts"]}
+        wait = self._batches.wait_ms() if self._batches is not None else None
+        if wait is not None:  # mean time an update waited for its batch (sampling included
+            row["perf/batch_wait_ms"] = wait  # without train.prefetch)
         if hasattr(self.collector, "metrics"):  # Ray runners: policy lag, restarts
             row.update(self.collector.metrics())
         if self.dist is not None:  # data-parallel learners

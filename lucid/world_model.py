@@ -18,7 +18,7 @@ from torch import nn
 from .config import ModelConfig, TrainConfig
 from .envs.spaces import ObsSpec
 from .nets import (MLP, Head, ImageDecoder, ImageEncoder, NormGRUCell, TwoHot, categorical_kl,
-                   linear, onehot_mode, onehot_sample, symlog, unimix_logits)
+                   fp32, linear, onehot_mode, onehot_sample, symlog, unimix_logits)
 
 
 @dataclass
@@ -82,12 +82,12 @@ class Decoder(nn.Module):
     def forward(self, feat: torch.Tensor) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         if self.mlp is not None:
-            vec = self.mlp(feat)
+            vec = fp32(self.mlp(feat))  # fp32 predictions (and loss) under bf16 autocast
             for k, part in zip(self.spec.vectors, vec.split(list(self.spec.vectors.values()), -1)):
                 out[k] = part
         if self.cnn is not None:
             lead = feat.shape[:-1]
-            img = self.cnn(feat.reshape(-1, feat.shape[-1]))
+            img = fp32(self.cnn(feat.reshape(-1, feat.shape[-1])))
             img = img.reshape(*lead, *img.shape[1:])
             chans = [s[2] for s in self.spec.images.values()]
             for k, part in zip(self.spec.images, img.split(chans, -3)):
@@ -234,7 +234,7 @@ class WorldModel(nn.Module):
         l_rew = self.twohot.loss(self.reward(feat), batch["reward"].float())
         cont_target = 1.0 - batch["is_terminal"].float()
         l_con = F.binary_cross_entropy_with_logits(
-            self.cont(feat).squeeze(-1), cont_target, reduction="none")
+            fp32(self.cont(feat).squeeze(-1)), cont_target, reduction="none")
         kl_dyn = categorical_kl(post.detach(), prior)
         kl_rep = categorical_kl(post, prior.detach())
         l_dyn = kl_dyn.clamp(min=tcfg.free_nats)

@@ -120,9 +120,9 @@ def test_two_gloo_learners_match_one_learner_with_the_full_batch(tmp_path, monke
     each step by the root of the second moment, so the parameters differ by that relative
     error times learning-rate-sized steps: after 3 updates < 1e-7 (measured 3e-8; allowed
     1e-6). Two different initialisations (seeds 1000 and 1001) ending bit-identical shows the
-    broadcast from rank 0. (fork: the children reuse the imported torch, which saves ~20 s
-    on a 2-core machine.)"""
-    ctx = mp.get_context("fork")
+    broadcast from rank 0. (spawn, not fork: a child forked from a process whose OpenMP
+    thread pool has run can hang in its first parallel op.)"""
+    ctx = mp.get_context("spawn")
     port = _free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, 2, port, str(tmp_path))) for r in range(2)]
     for p in procs:
@@ -193,7 +193,7 @@ def test_two_learner_processes_train_with_identical_parameters(tmp_path):
     bit-identical at the end (and were compared by checksum every 2 updates); only rank 0
     wrote logs and checkpoints; the train ratio counts the steps of both ranks."""
     run = tmp_path / "run"
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # not fork: see above
     port = _free_port()
     procs = [ctx.Process(target=_trainer_rank, args=(r, 2, port, str(run), str(tmp_path)))
              for r in range(2)]

@@ -179,6 +179,8 @@ def make_env(env_id: str, max_episode_steps: int | None = None, render_mode: str
              **options: Any) -> gym.Env:
     """Build one environment from a name (see the module docstring). `options` are the
     suite's settings (e.g. `gray=True` for Atari) or keyword arguments of a user's env."""
+    if render_mode == "rgb_array":  # off-screen frames: pygame needs no display (headless)
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     suite, task = parse_env_id(env_id)
     if suite is not None:
         builder = SUITES[suite][0]

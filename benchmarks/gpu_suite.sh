@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# Issue 7's GPU checks in one go, on one H200, in under 10 minutes including compilation:
+#   1. prefetch: the batch prefetcher on CUDA (pinned memory, side stream) gives the same
+#      batches as plain sampling with the same seed; time the learner waits per batch
+#   2. train_step: benchmarks/train_step.py on cuda, B=16 T=64, sizes S and XL, vector and
+#      64x64x3 image inputs, discrete actions: eager fp32 and bf16, then compiled bf16, then
+#      (after the learning run, if time is left) compiled fp32: ms per update, FLOPs, GFLOP/s
+#      against fp32 and bf16 matmul peaks, peak memory
+#   3. learning: lucid train CartPole-v1 --preset paper-cartpole --device cuda
+#      run.time_limit=4 (train.prefetch=true): env steps at which the mean of the last 10
+#      training returns first reaches 450, if it does
+# then a summary table against the issue's targets (bf16: S <= 25 ms, XL <= 75 ms per update,
+# XL peak memory <= 9 GiB).
+#
+#   bash benchmarks/gpu_suite.sh     # JSON and logs under $OUT if set, else benchmarks/results/
+#
+# Runs with the machine's python3 (a CUDA torch). omegaconf and gymnasium, if missing there,
+# are installed from wheels in .whl/ (gitignored; docs/performance.md: "The GPU suite" says how
+# to fetch them and carry them). Knobs (environment): PY, SUITE_BUDGET_S (total, default 570),
+# LEARN_MIN (4), ITERS (timed updates per configuration, 10), LEARN_ARGS (extra overrides),
+# and for a dry run without a GPU: DEVICE (cuda), SIZES ("S XL"), BATCH (16), LENGTH (64),
+# PEAK_N (8192), e.g.
+#   DEVICE=cpu SIZES=nano BATCH=4 LENGTH=8 ITERS=1 PEAK_N=256 LEARN_MIN=0.2 \
+#     LEARN_ARGS="model.size=nano train.prefill=200" PY=.venv/bin/python bash benchmarks/gpu_suite.sh
+# Every configuration is time-boxed; one that would not finish in time is skipped and named.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+T0=$(date +%s)
+PY=${PY:-python3}
+OUTDIR=${OUT:-benchmarks/results}
+mkdir -p "$OUTDIR"
+BUDGET=${SUITE_BUDGET_S:-570}
+LEARN_MIN=${LEARN_MIN:-4}
+ITERS=${ITERS:-10}
+DEVICE=${DEVICE:-cuda}
+SIZES=${SIZES:-S XL}
+BATCH=${BATCH:-16}
+LENGTH=${LENGTH:-64}
+PEAK_N=${PEAK_N:-8192}
+END=$((T0 + BUDGET))
+LEARN_S=$(awk "BEGIN { print int($LEARN_MIN * 60 + 40) }")  # run + start-up + checkpoint
+BENCH_END=$((END - LEARN_S))       # the benchmarks before the learning run stop here
+log() { echo "[gpu_suite +$(( $(date +%s) - T0 ))s] $*"; }
+
+# ------------------------------------------------------------------ environment
+if ! "$PY" -c "import omegaconf, gymnasium" 2>/dev/null; then
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --target /tmp/lucid-site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/lucid-site${PYTHONPATH:+:$PYTHONPATH}
+  else
+    echo "$PY lacks omegaconf/gymnasium and there is no .whl/ (docs/performance.md)"; exit 1
+  fi
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if [[ $DEVICE == cuda* ]]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm \
+    --format=csv 2>&1 | tee "$OUTDIR/gpu_nvidia_smi.txt"
+  "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; \
+print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" \
+    || exit 1
+fi
+
+# ------------------------------------------------------------------ 1. prefetch on CUDA
+log "prefetch: $DEVICE prefetcher vs plain sampling"
+timeout 120 "$PY" - "$OUTDIR/gpu_prefetch.json" "$DEVICE" <<'EOF'
+import json, statistics, sys, time
+import numpy as np, torch
+from lucid.replay import Prefetcher, Replay, to_batch
+
+fields = {"obs/image": ((64, 64, 3), np.uint8), "obs/vector": ((4,), np.float32),
+          "action": ((6,), np.float32), "reward": ((), np.float32), "is_first": ((), np.bool_),
+          "is_last": ((), np.bool_), "is_terminal": ((), np.bool_)}
+g = np.random.default_rng(1)
+def field(shape, dtype):
+    if dtype == np.uint8:
+        return g.integers(0, 256, shape, dtype=np.uint8)
+    return g.random(shape) < 0.1 if dtype == np.bool_ else g.random(shape).astype(dtype)
+chunk = {k: field((4, 1024, *s), d) for k, (s, d) in fields.items()}
+plain, fetched = Replay(4096, 4, fields, seed=0), Replay(4096, 4, fields, seed=0)
+plain.add_chunk(chunk)
+fetched.add_chunk(chunk)
+dev = torch.device(sys.argv[2])
+pf = Prefetcher(fetched, 16, 64, dev)
+x = torch.randn(4096 if dev.type == "cuda" else 256, 4096 if dev.type == "cuda" else 256,
+                device=dev)
+waits, samples = [], []
+for i in range(30):
+    t0 = time.perf_counter()
+    batch = pf.get()
+    waits.append(time.perf_counter() - t0)
+    for _ in range(20):  # a stand-in for an update (~ms of GPU work) on the current stream
+        x = torch.tanh(x @ x * 1e-3)
+    t0 = time.perf_counter()
+    ref = to_batch(plain.sample(16, 64), "cpu")
+    samples.append(time.perf_counter() - t0)
+    for k in ("action", "reward", "is_first"):
+        assert torch.equal(batch[k].cpu(), ref[k]), k
+    for k in ref["obs"]:
+        assert torch.equal(batch["obs"][k].cpu(), ref["obs"][k]), k
+    assert batch["obs"]["image"].device.type == dev.type
+if dev.type == "cuda":
+    torch.cuda.synchronize()
+pf.close()
+out = {"batches_equal": True, "wait_ms_median": 1e3 * statistics.median(waits[1:]),
+       "wait_ms_max": 1e3 * max(waits[1:]),
+       "plain_sample_to_cpu_ms_median": 1e3 * statistics.median(samples)}
+print(f"prefetch on {dev}:", json.dumps(out))
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+EOF
+[ $? -eq 0 ] || log "prefetch check FAILED"
+
+# ------------------------------------------------------------------ 2. train_step
+bench() {  # name, deadline, per-configuration timeout, train_step.py arguments...
+  local name=$1 deadline=$2 tmo=$3
+  shift 3
+  log "train_step $name (deadline +$((deadline - T0))s)"
+  # shellcheck disable=SC2086
+  "$PY" benchmarks/train_step.py --device "$DEVICE" --size $SIZES --obs vector image \
+    --action discrete --batch "$BATCH" --length "$LENGTH" --iters "$ITERS" --warmup 3 \
+    --peak-n "$PEAK_N" \
+    --timeout "$tmo" --deadline "$deadline" --json "$OUTDIR/gpu_train_step_$name.json" "$@"
+}
+bench eager "$BENCH_END" 90 --precision fp32 bf16
+bench compiled_bf16 "$BENCH_END" 240 --precision bf16 --compile
+
+# ------------------------------------------------------------------ 3. learning run
+RUN_DIR=/tmp/lucid-gpu-learn-$$
+log "learning: paper-cartpole on $DEVICE for $LEARN_MIN min -> $RUN_DIR"
+# shellcheck disable=SC2086
+timeout $((LEARN_S + 30)) "$PY" -m lucid train CartPole-v1 --preset paper-cartpole \
+  --device "$DEVICE" --run-dir "$RUN_DIR" run.time_limit="$LEARN_MIN" run.target_return=450 \
+  run.videos=false run.progress=false run.logger=none train.prefetch=true ${LEARN_ARGS:-} \
+  2>&1 | tail -n 5
+mkdir -p "$OUTDIR/gpu_learn"
+cp "$RUN_DIR"/metrics.jsonl "$RUN_DIR"/episodes.jsonl "$RUN_DIR"/config.yaml \
+  "$OUTDIR/gpu_learn/" 2>/dev/null
+"$PY" - "$RUN_DIR" "$OUTDIR/gpu_learning.json" <<'EOF'
+import json, sys
+from pathlib import Path
+run = Path(sys.argv[1])
+def rows(name):
+    p = run / name
+    return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
+eps = [e for e in rows("episodes.jsonl") if not e.get("eval")]
+metrics = rows("metrics.jsonl")
+reached, best, recent = None, None, []
+for e in eps:
+    recent = (recent + [e["return"]])[-10:]
+    if len(recent) == 10:
+        m = sum(recent) / 10
+        best = m if best is None else max(best, m)
+        if reached is None and m >= 450:
+            reached = {"env_steps": e["env_steps"], "wall_time_s": e["wall_time"]}
+waits = [r["perf/batch_wait_ms"] for r in metrics if "perf/batch_wait_ms" in r]
+last = metrics[-1] if metrics else {}
+out = {"reached_450": reached, "best_mean_of_10": best, "episodes": len(eps),
+       "env_steps": last.get("env_steps"), "updates": last.get("updates"),
+       "wall_time_s": last.get("wall_time"),
+       "updates_per_s_last": last.get("perf/updates_per_s"),
+       "batch_wait_ms_mean": sum(waits) / len(waits) if waits else None}
+print("learning:", json.dumps(out))
+json.dump(out, open(sys.argv[2], "w"), indent=1)
+EOF
+
+# ------------------------------------------------------------------ 2b. compiled fp32, if time is left
+bench compiled_fp32 "$END" 240 --precision fp32 --compile
+
+# ------------------------------------------------------------------ summary
+log "summary"
+"$PY" - "$OUTDIR" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+rows = []
+for name in ("eager", "compiled_bf16", "compiled_fp32"):
+    p = out / f"gpu_train_step_{name}.json"
+    if p.exists():
+        rows += json.loads(p.read_text())["results"]
+target_ms = {"S": 25, "XL": 75}  # the issue's bf16 targets on one H200
+print(f"{'size':>4} {'obs':>6} {'mode':>8} {'prec':>4} {'ms med':>8} {'upd/s':>6} "
+      f"{'TFLOP/s':>7} {'peak GiB':>8}  target")
+for r in rows:
+    head = f"{r['size']:>4} {r['obs']:>6} {r['mode']:>8} {r['precision']:>4}"
+    if "error" in r:
+        print(f"{head} {' '.join(map(str, r['error']))[:60]}")
+        continue
+    gib = r["peak_mem_mb"] / 1024
+    note = ""
+    if r["precision"] == "bf16" and r["size"] in target_ms:
+        ok = r["ms_median"] <= target_ms[r["size"]]
+        note = f"<= {target_ms[r['size']]} ms: {'yes' if ok else 'no'}"
+        if r["size"] == "XL":
+            note += f"; <= 9 GiB: {'yes' if gib <= 9 else 'no'}"
+    print(f"{head} {r['ms_median']:8.1f} {r['updates_per_s']:6.1f} "
+          f"{r['gflops_per_s'] / 1e3:7.2f} {gib:8.2f}  {note}")
+for name in ("gpu_prefetch.json", "gpu_learning.json"):
+    p = out / name
+    print(name, p.read_text().replace("\n", " ") if p.exists() else "missing")
+json.dump({"train_step": rows,
+           **{n: json.loads((out / f"gpu_{n}.json").read_text())
+              for n in ("prefetch", "learning") if (out / f"gpu_{n}.json").exists()}},
+          open(out / "gpu_suite.json", "w"), indent=1)
+print(f"wrote {out / 'gpu_suite.json'}")
+EOF
+log "done"

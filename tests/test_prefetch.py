@@ -1,0 +1,148 @@
+"""`train.prefetch`: batches sampled on a background thread (lucid.replay.Prefetcher).
+
+The train ratio stays exact, every batch is a set of windows that exist in the replay, and a
+sample taken while the main thread writes never holds a half-written step."""
+
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from lucid.config import make_config
+from lucid.replay import Prefetcher, Replay, ReplayGroup
+from lucid.train import Trainer
+
+
+def _cfg(tmp_path, ratio, steps, prefetch=True):
+    return make_config("default", env={"id": "CartPole-v1", "num_envs": 2},
+                       model={"size": "nano"},
+                       train={"batch_size": 4, "batch_length": 16, "horizon": 5, "prefill": 20,
+                              "replay_capacity": 10_000, "train_ratio": ratio,
+                              "prefetch": prefetch},
+                       run={"steps": steps, "log_every": 0.0, "progress": False,
+                            "run_dir": str(tmp_path)})
+
+
+def _find_window(replay: Replay, row: dict) -> bool:
+    """Is this (T, ...) window of every field a contiguous window of one env's stream?
+    (No eviction in these runs: the stream is slots 0..count-1.)"""
+    obs = replay.data["obs/vector"][:, :replay.count]
+    T = row["obs"]["vector"].shape[0]
+    for e in range(replay.num_envs):
+        for s in range(replay.count - T + 1):
+            if np.array_equal(obs[e, s:s + T], row["obs"]["vector"]):
+                return all(np.array_equal(replay.data[k][e, s:s + T], row[k])
+                           for k in ("action", "reward", "is_first", "is_last", "is_terminal"))
+    return False
+
+
+@pytest.mark.parametrize("ratio,steps", [(32, 120), (256, 40)])
+def test_prefetch_keeps_the_train_ratio_exact_and_batches_come_from_the_replay(
+        tmp_path, ratio, steps):
+    tr = Trainer(_cfg(tmp_path, ratio, steps))
+    batches = []
+    train_step = tr.agent.train_step
+
+    def recording(batch):
+        batches.append({"obs": {k: v.numpy().copy() for k, v in batch["obs"].items()},
+                        **{k: v.numpy().copy() for k, v in batch.items() if k != "obs"}})
+        return train_step(batch)
+
+    tr.agent.train_step = recording
+    try:
+        tr.run()
+    finally:
+        tr.close()
+    c = tr.counters
+    expected = math.floor((c["env_steps"] - 20) * ratio / (4 * 16))
+    assert c["updates"] == expected == len(batches) > 0
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert rows[-1]["updates"] == expected
+    waits = [r["perf/batch_wait_ms"] for r in rows if "perf/batch_wait_ms" in r]
+    assert waits and all(w >= 0 for w in waits)
+    for batch in batches[:: max(1, len(batches) // 12)]:  # a dozen spread over the run
+        assert batch["obs"]["vector"].shape == (4, 16, 4)
+        for i in range(4):
+            row = {"obs": {"vector": batch["obs"]["vector"][i]},
+                   **{k: batch[k][i] for k in batch if k != "obs"}}
+            assert _find_window(tr.replay, row)
+    assert tr._batches._pool is None  # the thread was stopped
+
+
+def test_without_prefetch_the_wait_is_logged_too(tmp_path):
+    tr = Trainer(_cfg(tmp_path, 64, 60, prefetch=False))
+    try:
+        tr.run()
+    finally:
+        tr.close()
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert any("perf/batch_wait_ms" in r for r in rows)
+
+
+def _counter_replay(per_env: int, num_envs: int = 3) -> Replay:
+    fields = {"obs/x": ((8,), np.float32), "action": ((2,), np.float32),
+              "reward": ((), np.float32), "is_first": ((), np.bool_),
+              "is_last": ((), np.bool_), "is_terminal": ((), np.bool_)}
+    return Replay(per_env * num_envs, num_envs, fields, seed=0)
+
+
+def _step(replay: Replay, n: int) -> dict:
+    """Every numeric field of step n holds n, so a step mixing two writes is detectable."""
+    e = replay.num_envs
+    return {"obs/x": np.full((e, 8), n, np.float32), "action": np.full((e, 2), n, np.float32),
+            "reward": np.full(e, n, np.float32), "is_first": np.zeros(e, bool),
+            "is_last": np.zeros(e, bool), "is_terminal": np.zeros(e, bool)}
+
+
+def test_samples_never_see_a_half_written_step():
+    """The main thread keeps adding steps to a small ring (slots are overwritten all the time)
+    while the prefetch thread samples; with thread switches forced every microsecond, any
+    unlocked sample would catch `add` between two fields. Every sampled step must be whole
+    (all fields equal) and every window consecutive."""
+    replay = _counter_replay(per_env=24)
+    n = 0
+    for _ in range(24):
+        replay.add(_step(replay, n))
+        n += 1
+    pf = Prefetcher(replay, 8, 6, "cpu")
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(1500):
+            batch = pf.get()
+            for _ in range(3):
+                replay.add(_step(replay, n))
+                n += 1
+            x = batch["obs"]["x"].numpy()
+            ref = x[..., 0]
+            assert (x == ref[..., None]).all()
+            assert (batch["action"].numpy() == ref[..., None]).all()
+            assert (batch["reward"].numpy() == ref).all()
+            assert (np.diff(ref, axis=1) == 1).all()
+    finally:
+        sys.setswitchinterval(old)
+        pf.close()
+
+
+def test_prefetcher_over_a_replay_group_and_errors_reach_the_learner():
+    parts = [_counter_replay(per_env=32, num_envs=2) for _ in range(2)]
+    group = ReplayGroup(parts, seed=0)
+    for i, p in enumerate(parts):
+        steps = {k: np.stack([_step(p, 100 * i + j)[k] for j in range(20)], 1)
+                 for k in p.data}
+        group.add_chunk(i, steps)
+    pf = Prefetcher(group, 5, 10, torch.device("cpu"))
+    for _ in range(4):
+        batch = pf.get()
+        assert batch["obs"]["x"].shape == (5, 10, 8)
+        assert (np.diff(batch["reward"].numpy(), axis=1) == 1).all()
+    assert pf.wait_ms() >= 0 and pf.wait_ms() is None  # reset after reading
+    pf.close()
+
+    bad = Prefetcher(_counter_replay(per_env=32), 2, 10, "cpu")  # empty: cannot sample
+    with pytest.raises(ValueError, match="fewer than the window"):
+        bad.get()
+    bad.close()
