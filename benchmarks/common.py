@@ -86,6 +86,19 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def rss_anon_mb() -> float:
+    """Anonymous (not file-backed) resident memory of this process (MB): what a memory-mapped
+    replay does not add to, since its pages belong to the page cache and can be evicted."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
 def rss_mb() -> float:
     """Current resident memory of this process (MB)."""
     try:

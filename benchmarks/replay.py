@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, peak_rss_mb, rss_mb, write_json  # noqa: E402
+from common import machine, peak_rss_mb, rss_anon_mb, rss_mb, write_json  # noqa: E402
 
 from lucid.envs.spaces import ObsSpec  # noqa: E402
 from lucid.replay import Replay, to_batch  # noqa: E402
@@ -101,6 +101,7 @@ def bench(obs: str, capacity: int, B: int, T: int, iters: int, warmup: int, num_
                "to_batch_ms_median": 1e3 * statistics.median(t_convert),
                "batches_per_s": 1 / med,
                "rss_before_mb": rss0, "rss_filled_mb": rss_filled, "rss_after_mb": rss_mb(),
+               "rss_anon_after_mb": rss_anon_mb(),
                "peak_rss_mb": peak_rss_mb(), "iters": iters, "device": str(device)}
         del replay
     return row
@@ -124,7 +125,8 @@ def main(argv=None):
     device = torch.device(a.device)
     rows = []
     print(f"{'obs':>6} {'capacity':>9} {'GB':>6} {'memmap':>6} {'ms med':>8} {'min':>7} {'max':>7} "
-          f"{'sample':>7} {'to_batch':>8} {'fill s':>7} {'RSS MB':>8} {'peak MB':>8}")
+          f"{'sample':>7} {'to_batch':>8} {'fill s':>7} {'RSS MB':>8} {'anon MB':>8} "
+          f"{'peak MB':>8}")
     for obs in a.obs:
         for cap in a.capacity:
             cap = int(cap)
@@ -137,7 +139,8 @@ def main(argv=None):
             print(f"{obs:>6} {cap:>9.0e} {r['replay_gb']:6.3f} {str(memmap):>6} "
                   f"{r['ms_median']:8.2f} {r['ms_min']:7.2f} {r['ms_max']:7.2f} "
                   f"{r['sample_ms_median']:7.2f} {r['to_batch_ms_median']:8.2f} "
-                  f"{r['fill_s']:7.1f} {r['rss_after_mb']:8.0f} {r['peak_rss_mb']:8.0f}",
+                  f"{r['fill_s']:7.1f} {r['rss_after_mb']:8.0f} {r['rss_anon_after_mb']:8.0f} "
+                  f"{r['peak_rss_mb']:8.0f}",
                   flush=True)
     write_json(a.json, {"machine": machine(), "args": vars(a), "results": rows})
 

@@ -343,3 +343,18 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
     s = rep._ordered(0, rep.count)
     assert np.isfinite(s["obs/vector"]).all()
     assert s["is_first"][0, 0] and s["is_first"][0].sum() >= 7  # each resume starts an episode
+
+
+def test_training_with_a_memory_mapped_replay_runs_and_resumes(tmp_path):
+    tr = Trainer(_cfg(tmp_path, train={"replay_memmap": True}, run={"steps": 60}))
+    tr.run()
+    tr.close()
+    assert isinstance(tr.replay.data["obs/vector"], np.memmap)
+    assert (tmp_path / "replay" / "ring" / "obs__vector.npy").exists()
+    stored = _stored(tr.replay)
+    again = Trainer(make_config("default", run={"steps": 80}), tmp_path, resume=True)
+    for k, v in _stored(again.replay).items():
+        np.testing.assert_array_equal(v, stored[k])
+    again.run()
+    again.close()
+    assert again.counters["env_steps"] == 80 and again.counters["updates"] > tr.counters["updates"]
