@@ -7,14 +7,10 @@ Builds the algorithm with a local env runner and a local learner, then times
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import time
-
 import gymnasium as gym
 import numpy as np
-import torch
+
+from _peer_common import report, time_updates, worker_args
 
 
 class ShapeEnv(gym.Env):
@@ -35,17 +31,7 @@ class ShapeEnv(gym.Env):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--size", default="XS")
-    p.add_argument("--obs", default="vector")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--length", type=int, default=64)
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=0)
-    a = p.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    a = worker_args()
     import ray
     from ray.rllib.algorithms.dreamerv3 import DreamerV3Config
     from ray.rllib.policy.sample_batch import SampleBatch
@@ -76,21 +62,11 @@ def main():
         "is_terminated": rng.random((B, T)) < 0.01,
         "is_truncated": np.zeros((B, T), bool),
     }
-    times = []
-    for i in range(a.warmup + a.iters):
-        t0 = time.perf_counter()
-        algo.learner_group.update(batch=SampleBatch(dict(sample)).as_multi_agent(),
-                                  timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 0})
-        if i >= a.warmup:
-            times.append(time.perf_counter() - t0)
-    med = statistics.median(times)
-    import ray as _ray
-    print(json.dumps({"peer": "rllib", "version": _ray.__version__, "torch": torch.__version__,
-                      "size": a.size, "obs": a.obs, "B": B, "T": T, "horizon": 15,
-                      "threads": torch.get_num_threads(), "ms_median": 1e3 * med,
-                      "ms_min": 1e3 * min(times), "ms_max": 1e3 * max(times),
-                      "updates_per_s": 1 / med, "iters": a.iters, "warmup": a.warmup,
-                      "note": "image obs as float32 in [-1, 1] (RLlib's convention)"}))
+    times = time_updates(
+        lambda _: algo.learner_group.update(batch=SampleBatch(dict(sample)).as_multi_agent(),
+                                            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 0}), a)
+    report("rllib", ray.__version__, a, times, horizon=15,
+           note="image obs as float32 in [-1, 1] (RLlib's convention)")
     algo.stop()
     ray.shutdown()
 

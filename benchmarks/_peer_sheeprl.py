@@ -10,29 +10,17 @@ tensors; images CHW in [0, 255]; one-hot actions). Prints one JSON line.
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import time
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from _peer_common import report, time_updates, worker_args
+
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--size", default="XS")
-    p.add_argument("--obs", default="vector")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--length", type=int, default=64)
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=0)
-    a = p.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    a = worker_args()
     import hydra
     import sheeprl
     from hydra import compose, initialize_config_dir
@@ -85,24 +73,17 @@ def main():
             "truncated": torch.zeros(T, B, 1),
             "is_first": (torch.rand(T, B, 1, generator=g) < 0.01).float()}
     tau = cfg.algo.critic.tau
-    times = []
-    for i in range(a.warmup + a.iters):
-        batch = {k: v.clone() for k, v in data.items()}  # train() writes into is_first
-        t0 = time.perf_counter()
+
+    def update(batch):  # the target-critic update its loop does before each train() is timed
         for cp, tcp in zip(critic.module.parameters(), target_critic.parameters()):
             tcp.data.copy_(tau * cp.data + (1 - tau) * tcp.data)
         train(fabric, world_model, actor, critic, target_critic, *opts, batch, None, cfg,
               False, actions_dim, moments)
-        if i >= a.warmup:
-            times.append(time.perf_counter() - t0)
-    med = statistics.median(times)
+
+    # train() writes into is_first: each update gets a fresh copy (made untimed)
+    times = time_updates(update, a, prepare=lambda: {k: v.clone() for k, v in data.items()})
     import importlib.metadata as md
-    print(json.dumps({"peer": "sheeprl", "version": md.version("sheeprl"),
-                      "torch": torch.__version__, "size": a.size, "obs": a.obs, "B": B, "T": T,
-                      "horizon": cfg.algo.horizon, "threads": torch.get_num_threads(),
-                      "ms_median": 1e3 * med, "ms_min": 1e3 * min(times),
-                      "ms_max": 1e3 * max(times), "updates_per_s": 1 / med,
-                      "iters": a.iters, "warmup": a.warmup}))
+    report("sheeprl", md.version("sheeprl"), a, times, horizon=cfg.algo.horizon)
 
 
 if __name__ == "__main__":

@@ -120,9 +120,11 @@ class Agent:
 
     # ------------------------------------------------------------------ learning
 
-    def _step(self, opt: torch.optim.Optimizer, loss: torch.Tensor, params, clip: float):
+    def _step(self, opt: torch.optim.Optimizer, loss: torch.Tensor, params, clip: float
+              ) -> tuple[torch.Tensor, bool]:
         """Backward, clip and step; a non-finite loss or gradient skips the step (the
-        parameters and optimiser state stay as they were) and is counted."""
+        parameters and optimiser state stay as they were) and is counted. Returns the gradient
+        norm before clipping and whether the step was taken."""
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.grad_sync is not None:  # same averaged gradients (and decision) on every rank
@@ -135,8 +137,7 @@ class Agent:
         else:
             self.skipped += 1
         opt.zero_grad(set_to_none=True)
-        self.last_step_ok = ok
-        return norm
+        return norm, ok
 
     def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
         """One update of all three components; returns metrics as 0-d tensors (no syncs)."""
@@ -147,8 +148,8 @@ class Agent:
         # 1. World model.
         with self.autocast():
             wm_loss, metrics, out = wm.loss(batch, t)
-        metrics["world_model/grad_norm"] = self._step(self.opt_wm, wm_loss, wm.parameters(),
-                                                      t.model_clip)
+        metrics["world_model/grad_norm"], _ = self._step(self.opt_wm, wm_loss, wm.parameters(),
+                                                         t.model_clip)
 
         # 2. Imagine from every posterior state (start states carry no gradient). The actor
         #    sees sg(feat); its distribution parameters are kept for its loss.
@@ -191,16 +192,16 @@ class Agent:
         a_loss, a_metrics = actor_loss(actor, actor.stack(params), action, ret, value, weight,
                                        scale, t)
         metrics.update(a_metrics)
-        metrics["actor/grad_norm"] = self._step(self.opt_actor, a_loss, actor.parameters(),
-                                                t.actor_clip)
+        metrics["actor/grad_norm"], _ = self._step(self.opt_actor, a_loss, actor.parameters(),
+                                                   t.actor_clip)
 
         # 5. Critic on detached imagined states, then its slow copy.
         with self.autocast():  # the slow critic's forward pass; the loss itself is fp32
             c_loss, c_metrics = critic_loss(critic, critic_logits, feat[:-1], ret, weight, t)
         metrics.update(c_metrics)
-        metrics["critic/grad_norm"] = self._step(self.opt_critic, c_loss,
-                                                 critic.net.parameters(), t.critic_clip)
-        if self.last_step_ok:
+        metrics["critic/grad_norm"], critic_ok = self._step(self.opt_critic, c_loss,
+                                                            critic.net.parameters(), t.critic_clip)
+        if critic_ok:  # a skipped critic step leaves its slow copy as it was too
             critic.update_slow(t.slow_critic_fraction)
         self.updates += 1
         metrics["train/nonfinite_steps"] = torch.tensor(float(self.skipped - skipped_before))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import List, NoReturn, Optional
 
 import typer
 
@@ -17,6 +17,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=False,
                   help="DreamerV3 world-model agents. `lucid train` learns CartPole-v1 on a CPU.")
 
 DEFAULT_ENV = "CartPole-v1"
+
+
+def _fail(message) -> NoReturn:
+    """Print a one-line error (the message names the problem and the fix) and exit 2."""
+    typer.secho(f"error: {message}", fg="red", err=True)
+    raise typer.Exit(2)
 
 
 def _build(env: str, preset: Optional[str], size: Optional[str], steps: Optional[int],
@@ -74,8 +80,7 @@ def train(
             cfg = _build(env, preset, size, steps, seed, run_dir, device, overrides)
             trainer = Trainer(cfg)
     except (ConfigError, ValueError, FileNotFoundError, TypeError, ImportError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2)
+        _fail(exc)
     typer.echo(f"run directory: {trainer.run_dir}  (preset {trainer.cfg.preset}, "
                f"size {trainer.cfg.model.size}, {trainer.cfg.run.steps} env steps)")
     try:
@@ -98,6 +103,17 @@ def train(
     typer.echo(f"done: {trainer.counters}")
 
 
+def _load_run(run_dir: str):
+    """Trainer of an existing run (newest checkpoint and its replay), without its collector."""
+    from .train import Trainer
+    try:
+        trainer = Trainer(make_config("default", run={"steps": 0}), run_dir, resume=True)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        _fail(exc)
+    trainer.collector.close()
+    return trainer
+
+
 @app.command("eval")
 def eval_cmd(run_dir: str, episodes: int = typer.Option(10), sampled: bool = False,
              video: bool = typer.Option(False, help="also save a video of every episode to "
@@ -106,13 +122,7 @@ def eval_cmd(run_dir: str, episodes: int = typer.Option(10), sampled: bool = Fal
     """Evaluate the newest checkpoint of RUN_DIR (greedy policy unless --sampled)."""
     if video:
         return _eval_video(run_dir, episodes, sampled, video_format)
-    from .train import Trainer
-    try:
-        trainer = Trainer(make_config("default", run={"steps": 0}), run_dir, resume=True)
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2)
-    trainer.collector.close()
+    trainer = _load_run(run_dir)
     eps = trainer.evaluate(episodes, explore=sampled)
     rets = [e.ret for e in eps]
     typer.echo(json.dumps({"episodes": len(rets), "mean_return": sum(rets) / len(rets),
@@ -125,32 +135,17 @@ def config_cmd(preset: str = typer.Option("default"), overrides: List[str] = typ
     try:
         typer.echo(to_yaml(make_config(preset, overrides or [])))
     except ConfigError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2)
+        _fail(exc)
 
 
 # --------------------------------------------------------------------------- visualising
-
-
-def _load_run(run_dir: str):
-    """Trainer of an existing run (newest checkpoint and its replay), without its collector."""
-    from .train import Trainer
-    try:
-        trainer = Trainer(make_config("default", run={"steps": 0}), run_dir, resume=True)
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2)
-    trainer.collector.close()
-    return trainer
 
 
 def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str):
     """`lucid eval --video`: the episodes are run in a rendering env, one video each."""
     from .video import record_episodes
     if video_format not in ("mp4", "gif"):
-        typer.secho(f"error: --format must be mp4 or gif, got {video_format!r}", fg="red",
-                    err=True)
-        raise typer.Exit(2)
+        _fail(f"--format must be mp4 or gif, got {video_format!r}")
     trainer = _load_run(run_dir)
     cfg = trainer.cfg
     steps = trainer.counters["env_steps"]
@@ -182,8 +177,7 @@ def dream_cmd(run_dir: str,
     try:
         frames = dream_video(trainer, horizon=horizon, context=context, rows=rows, seed=seed)
     except ValueError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2)
+        _fail(exc)
     steps = trainer.counters["env_steps"]
     path = Path(out) if out else Path(run_dir) / "videos" / f"dream-{steps:09d}.mp4"
     write_video(path, frames, fps=fps)
@@ -202,8 +196,7 @@ def plot_cmd(run_dirs: List[str] = typer.Argument(..., help="run directories; ru
     try:
         path = plot_runs(run_dirs, out, x=x, band=band)
     except (ValueError, FileNotFoundError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2)
+        _fail(exc)
     typer.echo(str(path))
 
 
@@ -215,8 +208,7 @@ def report_cmd(run_dir: str, out: Optional[str] = typer.Option(
     try:
         path = write_report(run_dir, out)
     except FileNotFoundError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2)
+        _fail(exc)
     typer.echo(str(path))
 
 

@@ -183,6 +183,14 @@ class Config:
 
 # --------------------------------------------------------------------------- presets
 
+# The CPU presets' shared recipe (they differ only in how many env steps a run takes).
+_CPU_RECIPE: dict[str, Any] = {
+    "env": {"num_envs": 1},
+    "model": {"size": "mini"},
+    "train": {"batch_size": 8, "batch_length": 32, "train_ratio": 32, "prefill": 1000,
+              "model_lr": 3e-4, "actor_lr": 3e-4, "critic_lr": 3e-4},
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     # The paper's settings, as published (size S unless noted in the paper's appendix).
     "default": {},
@@ -195,21 +203,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Measured to learn small control tasks fastest on a 2-core CPU (see docs/presets.md):
     # the paper's algorithm with a small model, shorter windows, a lower train ratio and
     # 3x (world model) / 10x (actor, critic) the paper's learning rates.
-    "cpu-control": {
-        "env": {"num_envs": 1},
-        "model": {"size": "mini"},
-        "train": {"batch_size": 8, "batch_length": 32, "train_ratio": 32, "prefill": 1000,
-                  "model_lr": 3e-4, "actor_lr": 3e-4, "critic_lr": 3e-4},
-        "run": {"steps": 30_000},
-    },
+    "cpu-control": {**_CPU_RECIPE, "run": {"steps": 30_000}},
     # The same recipe for small pixel tasks (64x64 images, e.g. minigrid:Empty-5x5) on a CPU.
-    "cpu-pixels": {
-        "env": {"num_envs": 1},
-        "model": {"size": "mini"},
-        "train": {"batch_size": 8, "batch_length": 32, "train_ratio": 32, "prefill": 1000,
-                  "model_lr": 3e-4, "actor_lr": 3e-4, "critic_lr": 3e-4},
-        "run": {"steps": 100_000},
-    },
+    "cpu-pixels": {**_CPU_RECIPE, "run": {"steps": 100_000}},
 }
 
 

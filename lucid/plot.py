@@ -35,6 +35,24 @@ class Run:
         return self.train_env_steps if key == "env_steps" else self.train_wall
 
 
+def pyplot():
+    """matplotlib.pyplot on the headless Agg backend (imported on first use)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path: str | Path, dpi: int) -> Path:
+    """Lay out, write (making the folder) and close a figure; returns the path."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """Rows of a JSONL file; a truncated last line (a run killed mid-write) is skipped."""
     rows = []
@@ -156,9 +174,7 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_ste
         raise ValueError(f"band must be 'minmax' or 'std', got {band!r}")
     if not run_dirs:
         raise ValueError("no run directories given")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     runs = [load_run(d) for d in run_dirs]
     groups = group_runs(runs)
@@ -186,9 +202,4 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_ste
     ax.grid(alpha=0.3)
     if groups:
         ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=100)

@@ -14,7 +14,7 @@ With `memmap=True` the ring buffer itself lives in memory-mapped files in `direc
 so its capacity can exceed RAM.
 
 `Prefetcher` samples the next batch on a background thread while the learner updates
-(`train.prefetch`). Writes (`add`, `add_chunk`, `restore`, `load`) and `sample` hold the
+(`train.prefetch`). Writes (`add`, `add_chunk`, `restore`) and `sample` hold the
 replay's lock, so a sample never sees a half-written step.
 """
 
@@ -243,29 +243,6 @@ class Replay:
                 raise ValueError(f"replay file {path} field {k!r} has shape {src.shape}, which "
                                  f"does not fit ({self.num_envs}, *, {a.shape[2:]})")
         return arrays
-
-    def save(self, path: str | Path) -> None:
-        """Export the stored steps (oldest first) to one .npz file, atomically."""
-        stored = min(self.count, self.per_env)
-        _atomic_savez(Path(path), {"__count__": np.int64(self.count),
-                                   **self._ordered(self.count - stored, self.count)})
-
-    def load(self, path: str | Path) -> None:
-        """Import a file written by `save` (oldest steps dropped if it exceeds capacity)."""
-        with self.lock:
-            self._load(path)
-
-    def _load(self, path: str | Path) -> None:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = self._check(path, {k: f[k] for k in f.files})
-            count = int(arrays["__count__"])
-        stored = arrays[next(iter(self.data))].shape[1]
-        keep = min(stored, self.per_env)
-        for k, a in self.data.items():
-            a[:, :keep] = arrays[k][:, stored - keep:]
-        self.pos = keep % self.per_env  # slots 0..keep-1 hold the newest `keep` steps
-        self.count = max(count, keep)
-        self.persisted = self.count
 
 
 class ReplayGroup:

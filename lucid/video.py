@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .nets import onehot_mode, onehot_sample, symexp
+from .plot import pyplot, save_figure
 
 CONTEXT_COLOUR = (40, 170, 60)  # bar under a row while the model still sees observations
 DREAM_COLOUR = (200, 50, 50)  # bar under a row while it dreams
@@ -432,9 +433,7 @@ def plot_open_loop(result: OpenLoop, path: str | Path, key: str | None = None,
                    row: int = 0) -> Path:
     """A PNG of one batch row's vector observations: truth and prediction per dimension over
     time, the dream region shaded (for envs whose states cannot be rendered)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     key = key or result.vectors[0]
     truth, pred = result.truth[key][row], result.pred[key][row]
     D = truth.shape[-1]
@@ -446,12 +445,7 @@ def plot_open_loop(result: OpenLoop, path: str | Path, key: str | None = None,
         ax.set_ylabel(f"{key}[{d}]")
     axes[0, 0].legend(loc="upper right", fontsize=8)
     axes[-1, 0].set_xlabel("step (shaded: dream)")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=80)
 
 
 # --------------------------------------------------------------------------- replay windows

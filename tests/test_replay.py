@@ -59,12 +59,17 @@ def test_windows_cross_episode_boundaries():
     assert s["is_first"][:, 1:].any()  # episodes start inside windows, not only at their start
 
 
+def _on_disk(capacity, num_envs, directory, seed=0, fields=None):
+    fields = fields or _replay(capacity, num_envs).fields
+    return Replay(capacity, num_envs, fields, seed, directory=directory)
+
+
 def test_save_load_round_trip(tmp_path):
-    rep = _replay(capacity=2 * 30, num_envs=2, seed=3)
+    rep = _on_disk(2 * 30, 2, tmp_path, seed=3)
     _fill(rep, 47, 2)
-    rep.save(tmp_path / "r.npz")
-    other = _replay(capacity=2 * 30, num_envs=2, seed=3)
-    other.load(tmp_path / "r.npz")
+    rep.flush()
+    other = _on_disk(2 * 30, 2, tmp_path, seed=3)
+    other.restore()
     assert other.count == rep.count and len(other) == len(rep)
     a, b = rep.sample(64, 5), other.sample(64, 5)
     for k in a:
@@ -72,14 +77,14 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_load_refuses_other_spaces(tmp_path):
-    rep = _replay(capacity=20, num_envs=1)
+    rep = _on_disk(20, 1, tmp_path)
     _fill(rep, 10, 1)
-    rep.save(tmp_path / "r.npz")
+    rep.flush()
     fields = dict(rep.fields)
     fields["obs/image"] = ((8, 8, 3), np.uint8)
-    other = Replay(20, 1, fields)
+    other = _on_disk(20, 1, tmp_path, fields=fields)
     with pytest.raises(ValueError, match="obs/image"):
-        other.load(tmp_path / "r.npz")
+        other.restore()
 
 
 def test_images_stay_uint8_and_batches_keep_dtype():

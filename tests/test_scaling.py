@@ -109,6 +109,20 @@ def _rank_main(rank, world, port, out_dir):
     dp.close()
 
 
+def _run_two_ranks(target, *args, timeout: float) -> None:
+    """Run `target(rank, world_size, port, *args)` in two processes and require both to exit
+    cleanly. Spawned, not forked: a child forked from a process whose OpenMP thread pool has
+    run can hang in its first parallel op."""
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=target, args=(r, 2, port, *args)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+        assert p.exitcode == 0
+
+
 def test_two_gloo_learners_match_one_learner_with_the_full_batch(tmp_path, monkeypatch):
     """Two ranks with B windows each == one process with the same 2B windows.
 
@@ -120,16 +134,8 @@ def test_two_gloo_learners_match_one_learner_with_the_full_batch(tmp_path, monke
     each step by the root of the second moment, so the parameters differ by that relative
     error times learning-rate-sized steps: after 3 updates < 1e-7 (measured 3e-8; allowed
     1e-6). Two different initialisations (seeds 1000 and 1001) ending bit-identical shows the
-    broadcast from rank 0. (spawn, not fork: a child forked from a process whose OpenMP
-    thread pool has run can hang in its first parallel op.)"""
-    ctx = mp.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, str(tmp_path))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
+    broadcast from rank 0."""
+    _run_two_ranks(_rank_main, str(tmp_path), timeout=120)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
     # The ranks hold bit-identical parameters (and took the same averaged gradients).
     assert torch.equal(r0["params"], r1["params"])
@@ -193,15 +199,7 @@ def test_two_learner_processes_train_with_identical_parameters(tmp_path):
     bit-identical at the end (and were compared by checksum every 2 updates); only rank 0
     wrote logs and checkpoints; the train ratio counts the steps of both ranks."""
     run = tmp_path / "run"
-    ctx = mp.get_context("spawn")  # not fork: see above
-    port = _free_port()
-    procs = [ctx.Process(target=_trainer_rank, args=(r, 2, port, str(run), str(tmp_path)))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(180)
-        assert p.exitcode == 0
+    _run_two_ranks(_trainer_rank, str(run), str(tmp_path), timeout=180)
     r0, r1 = (torch.load(tmp_path / f"trainer{r}.pt", weights_only=False) for r in range(2))
     assert torch.equal(r0["params"], r1["params"])
     assert r0["counters"]["updates"] == r1["counters"]["updates"]
