@@ -234,6 +234,52 @@ class RawCartPole:
         self.env.close()
 
 
+class RawMemoryMaze:
+    """memory_maze's dm_env task stepped directly (the one our wrapper builds)."""
+
+    def __init__(self, task="9x9", size=64):
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        from memory_maze import tasks
+        self.env = getattr(tasks, f"memory_maze_{task}")(
+            image_only_obs=True, discrete_actions=True, camera_resolution=size,
+            good_visibility=False, seed=SEED)
+
+    def reset(self):
+        return self.env.reset().observation
+
+    def step(self, action) -> bool:
+        ts = self.env.step(int(action))
+        return ts.last()
+
+    def close(self):
+        self.env.close()
+
+
+class RawEnvpool:
+    """envpool's batched gymnasium env (batch of 1) with the settings our wrapper passes."""
+
+    def __init__(self, task="Pong-v5"):
+        from lucid.envs.envpool import ATARI_ENVPOOL_DEFAULTS, _load_egl
+        _load_egl()
+        import envpool
+        self.env = envpool.make_gymnasium(task, num_envs=1, batch_size=1, seed=SEED,
+                                          **ATARI_ENVPOOL_DEFAULTS)
+
+    @staticmethod
+    def prepare(actions):  # batched actions, built once, not per step
+        return actions.reshape(-1, 1)
+
+    def reset(self):
+        return self.env.reset()
+
+    def step(self, action) -> bool:
+        _, _, terminated, truncated, _ = self.env.step(action)
+        return bool(terminated[0] or truncated[0])
+
+    def close(self):
+        self.env.close()
+
+
 class RawCustom(Gym):
     def __init__(self):
         sys.path.insert(0, str(ROOT))
@@ -262,8 +308,10 @@ SUITES = {
     "CartPole-v1": ("CartPole-v1", {}, RawCartPole, "CartPoleEnv, limit counted by hand"),
     "custom": ("examples.custom_env:MyEnv", {}, RawCustom,
                "the same class built directly (noise floor)"),
-    "memory-maze:9x9": ("memory-maze:9x9", {}, None, ""),
-    "envpool:Pong-v5": ("envpool:Pong-v5", {}, None, ""),
+    "memory-maze:9x9": ("memory-maze:9x9", {}, RawMemoryMaze,
+                        "memory_maze.tasks dm_env task, same options"),
+    "envpool:Pong-v5": ("envpool:Pong-v5", {}, RawEnvpool,
+                        "envpool.make_gymnasium, batch of 1, same Atari settings"),
 }
 
 

@@ -160,11 +160,13 @@ class Agent:
         params = []
 
         def policy(f):
-            with torch.enable_grad():
+            if not dynamics_grad:  # REINFORCE: sample now, distribution for the loss below
+                return actor.sample(actor.params(f))
+            with torch.enable_grad():  # reparameterised: the action carries the gradient
                 p = actor.params(f.detach())
                 a = actor.sample(p)
             params.append(p)
-            return a if dynamics_grad else a.detach()
+            return a
 
         with self.autocast():  # heads' outputs are fp32 (cast before the two-hot means)
             with frozen(wm), torch.set_grad_enabled(dynamics_grad):
@@ -175,22 +177,28 @@ class Agent:
                 reward = torch.cat([torch.zeros_like(reward[:1]), reward], 0)
                 cont = (wm.cont(feat[1:]).squeeze(-1) > 0).float()
                 cont = torch.cat([start_cont[None], cont], 0)
-            critic_logits = critic(feat[:-1].detach())  # for the critic loss
             if dynamics_grad:  # values must pass gradients to the imagined states
+                critic_logits = critic(feat[:-1].detach())  # for the critic loss
                 with frozen(critic):
                     value = critic.value(feat)
             else:
+                # The actor's distributions at steps 0..H-1 (the same function of the same
+                # states that chose the actions) and the critic's logits at 0..H, each in
+                # one batched call instead of one per step.
+                dist = actor.params(feat[:-1])
+                logits = critic(feat)
+                critic_logits = logits[:-1]  # for the critic loss
                 with torch.no_grad():
-                    value = torch.cat([critic.twohot.mean(critic_logits.detach()),
-                                       critic.value(feat[-1:])])
+                    value = critic.twohot.mean(logits.detach())
         ret = lambda_return(reward, cont, value, t.gamma, t.lam)  # fp32, outside autocast
         weight = imagined_weights(cont, t.gamma).detach()
         self.retnorm.update(ret if self.gather is None else self.gather(ret.detach()))
         scale = self.retnorm.scale()
 
         # 4. Actor: gradients reach only its parameters (world model and critic are frozen).
-        a_loss, a_metrics = actor_loss(actor, actor.stack(params), action, ret, value, weight,
-                                       scale, t)
+        if dynamics_grad:
+            dist = actor.stack(params)
+        a_loss, a_metrics = actor_loss(actor, dist, action, ret, value, weight, scale, t)
         metrics.update(a_metrics)
         metrics["actor/grad_norm"], _ = self._step(self.opt_actor, a_loss, actor.parameters(),
                                                    t.actor_clip)

@@ -141,7 +141,11 @@ def actor_loss(actor: Actor, params, action: torch.Tensor, ret: torch.Tensor,
     (R - sg(v)) / max(1, S) through the dynamics for continuous actions. Entropy bonus."""
     adv = (ret - value[:-1].detach()) / scale
     if actor.spec.is_discrete or tcfg.continuous_grad == "reinforce":
-        objective = actor.log_prob(params, action.detach()) * adv.detach()
+        logp = actor.log_prob(params, action.detach())
+        if logp.shape != adv.shape:  # a broadcast here would silently mix up steps
+            raise ValueError(f"actor log-probs {tuple(logp.shape)} do not line up with the "
+                             f"advantages {tuple(adv.shape)}")
+        objective = logp * adv.detach()
     else:
         objective = adv
     ent = actor.entropy(params)
@@ -156,8 +160,9 @@ def critic_loss(critic: Critic, logits: torch.Tensor, feat: torch.Tensor, ret: t
     symlog(R), plus the same toward the slow critic's mean at `feat` (regulariser)."""
     with torch.no_grad():
         slow = critic.value(feat.detach(), slow=True)
-    l_ret = critic.twohot.loss(logits, ret.detach())
-    l_reg = critic.twohot.loss(logits, slow)
+    logp = torch.log_softmax(fp32(logits), -1)  # once for both targets
+    l_ret = critic.twohot.nll(logp, ret.detach())
+    l_reg = critic.twohot.nll(logp, slow)
     loss = (weight[:-1].detach() * (l_ret + tcfg.slow_critic_reg * l_reg)).mean()
     return loss, {"critic/loss": loss, "critic/return_loss": l_ret.mean(),
                   "critic/slow_reg": l_reg.mean()}

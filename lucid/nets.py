@@ -94,8 +94,12 @@ class TwoHot:
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of the two-hot encoding of symlog(target) (target in real space):
         -(1 - w) log p[below] - w log p[below + 1], gathered instead of a dense target."""
+        return self.nll(torch.log_softmax(fp32(logits), -1), target)  # fp32 under autocast
+
+    def nll(self, logp: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """`loss` from log-probabilities (log_softmax of the logits), for several targets of
+        the same logits."""
         below, w_above = self._locate(symlog(fp32(target)))
-        logp = torch.log_softmax(fp32(logits), -1)  # fp32 under bf16 autocast
         lp = logp.gather(-1, torch.stack([below, below + 1], -1))
         return -((1.0 - w_above) * lp[..., 0] + w_above * lp[..., 1])
 

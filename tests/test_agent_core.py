@@ -489,6 +489,39 @@ def test_each_loss_reaches_only_its_component(act):
                                                               if c != 1}
 
 
+def test_reinforce_loss_sees_the_distributions_that_chose_the_actions(monkeypatch):
+    """The discrete actor samples in imagination without autograd and its loss recomputes
+    the distributions of steps 0..H-1 in one batched call: those must be the distributions
+    the actions were drawn from, step by step, and the actions passed to the loss the ones
+    that were fed to the dynamics."""
+    import lucid.agent as agent_module
+    agent = make_agent(DISCRETE, seed=3)
+    randomise_heads(agent)
+    drawn, seen = [], {}
+    sample = agent.actor.sample
+
+    def record_sample(params):
+        action = sample(params)
+        drawn.append(([p.detach().clone() for p in params], action.detach().clone()))
+        return action
+
+    def record_loss(actor, params, action, *args):
+        seen.update(params=[p.detach().clone() for p in params], action=action.detach())
+        return loss_fn(actor, params, action, *args)
+
+    loss_fn = agent_module.actor_loss
+    monkeypatch.setattr(agent.actor, "sample", record_sample)
+    monkeypatch.setattr(agent_module, "actor_loss", record_loss)
+    agent.train(random_batch(DISCRETE, seed=9))
+    H = agent.config.train.horizon
+    assert len(drawn) == H and seen["action"].shape[0] == H
+    for t, (params, action) in enumerate(drawn):
+        torch.testing.assert_close(seen["params"][0][t], params[0], rtol=1e-5, atol=1e-6)
+        assert torch.equal(seen["action"][t], action)
+        chosen = (seen["params"][0][t] * action).sum(-1)  # log-prob of the drawn action
+        assert torch.isfinite(chosen).all() and (chosen <= 0).all()
+
+
 @pytest.mark.parametrize("act", [DISCRETE, BOX], ids=["discrete", "box"])
 @pytest.mark.parametrize("trained", ["wm", "actor", "critic"])
 def test_agent_train_changes_only_the_component_with_nonzero_lr(act, trained):

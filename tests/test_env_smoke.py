@@ -3,8 +3,8 @@ suites: 150) env steps and a few updates of a nano model, then the run directory
 (config.yaml, metrics.jsonl with updates, episodes.jsonl, a checkpoint) and `lucid eval` is run
 on some of them. Headless: MuJoCo renders through EGL.
 
-memory-maze and envpool are not installed on the development machine; their missing-extra
-error is tested in tests/test_envs.py (and they build there when installed).
+envpool has wheels for CPython 3.11 on Linux x86-64 only; elsewhere its test is skipped
+and reported as such.
 """
 
 import os
@@ -37,6 +37,8 @@ SUITES = {
     "crafter": (150, 100, 4, ["env.kwargs.length=60"]),
     "minigrid:Empty-5x5": (150, 100, 4, []),  # MiniGrid's own 100-step limit
     "examples.custom_env:MyEnv": (150, 100, 4, []),  # the example's own 50-step limit
+    "memory-maze:9x9": (150, 100, 4, ["env.max_episode_steps=60"]),
+    "envpool:Pong-v5": (150, 100, 4, ["env.max_episode_steps=60"]),
 }
 EVALUATED = ["CartPole-v1", "atari:Pong", "examples.custom_env:MyEnv"]
 
@@ -46,6 +48,8 @@ _runs: dict[str, Path] = {}
 
 def _train(env_id: str, tmp_path_factory) -> Path:
     """Train `env_id` once per test session; later tests of the same suite reuse the run."""
+    if env_id.startswith("envpool:"):
+        pytest.importorskip("envpool", reason="envpool has no wheel for this platform")
     if env_id not in _runs:
         steps, prefill, ratio, extra = SUITES[env_id]
         run_dir = tmp_path_factory.mktemp(env_id.replace(":", "-").replace(".", "-"))

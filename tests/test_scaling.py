@@ -226,6 +226,37 @@ def test_torchrun_cli_two_learners(tmp_path):
     _check_dp_run(run, last["env_steps"], last["updates"], last["dist/param_checks"])
 
 
+@pytest.mark.slow
+def test_torchrun_two_nodes_rendezvous(tmp_path):
+    """Multi-node as torchrun runs it: two launchers (`--nnodes 2`, one process each) meet
+    through a c10d rendezvous endpoint, here both on this machine; the two learners train
+    together with identical parameters (checked every 2 updates) as on one node."""
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    endpoint = f"127.0.0.1:{_free_port()}"
+    cmds = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+             "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+             "--rdzv-id", "lucid-test", "--rdzv-conf", f"is_host={int(node == 0)}",
+             "-m", "lucid", "train", "CartPole-v1", "--steps", "160", "--run-dir", str(run),
+             "--size", "nano", "--device", "cpu", "env.num_envs=2", "train.batch_size=3",
+             "train.batch_length=8", "train.horizon=4", "train.prefill=40",
+             "train.train_ratio=16", "run.dist_check_every=2", "run.log_every=0",
+             "run.progress=false", "run.videos=false"] for node in (0, 1)]
+    procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for c in cmds]
+    outs = []
+    try:
+        for proc in procs:
+            outs.append(proc.communicate(timeout=300)[0])
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (run / "replay-rank1").is_dir()  # the second node's learner kept its own replay
+    _check_dp_run(run, last["env_steps"], last["updates"], last["dist/param_checks"])
+
+
 def test_ray_runners_keep_the_train_ratio_and_replace_a_killed_runner(tmp_path):
     ray = pytest.importorskip("ray")
     from lucid.train import Trainer

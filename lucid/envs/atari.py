@@ -6,9 +6,11 @@ of 18, no life-loss signal, episodes truncated at 108,000 emulator frames.
 `atari100k:Pong`: the same without sticky actions, with 1-30 random no-ops at reset and the
 game's minimal action set.
 
-The stack is ALE (frameskip 1) -> gymnasium StickyAction (per frame) -> gymnasium
-AtariPreprocessing (repeat, max-pool, resize with cv2 INTER_AREA, no-ops, grayscale option),
-with its step patched so an episode's last observation is its final screen.
+The stack is ale-py's gymnasium env (frameskip 1, for reset, seeding, spaces and rendering)
+-> our subclass of gymnasium's AtariPreprocessing (no-ops at reset, resize with cv2
+INTER_AREA, grayscale option), whose step drives the emulator itself: per emulator frame the
+sticky-action draw and `ale.act`, the screen grabbed for the max-pool of the last two frames,
+and an episode's last observation is its final screen.
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ def _register():
     gym.register_envs(ale_py)
 
 
-def make_raw(game: str, sticky: float = 0.0, full_action_space: bool = True,
+def make_raw(game: str, full_action_space: bool = True,
              max_frames: int = 108_000, gray: bool = False, render_mode: str | None = None
              ) -> gym.Env:
-    """The bare ALE env, one emulator frame per step, with per-frame sticky actions."""
+    """The bare ALE env, one emulator frame per step. Sticky actions (`sticky`) are drawn per
+    emulator frame by `AtariPreprocessing`, not by the ALE (whose own
+    repeat_action_probability stays 0), so the executed actions can be observed."""
     _register()
     gid = game_id(game)
     if gid not in gym.registry:
@@ -55,31 +59,36 @@ def make_raw(game: str, sticky: float = 0.0, full_action_space: bool = True,
                   max_num_frames_per_episode=max_frames, obs_type="grayscale" if gray else "rgb")
     if render_mode:
         kwargs["render_mode"] = render_mode
-    env = gym.make(gid, **kwargs)
-    if sticky:
-        # Per emulator frame, like the ALE's own repeat_action_probability, but observable.
-        env = gym.wrappers.StickyAction(env, repeat_action_probability=sticky)
-    return env
+    return gym.make(gid, **kwargs)
 
 
 class AtariPreprocessing(gym.wrappers.AtariPreprocessing):
-    """gymnasium's AtariPreprocessing, except that the observation returned when an episode
-    ends during the frame repeat shows the final screen. (gymnasium's stops before grabbing
-    the screen, so every episode's last observation would repeat the previous one.)
+    """gymnasium's AtariPreprocessing with sticky actions, whose step drives the ALE directly.
 
-    The screens are read from the ALE into this wrapper's buffers, so the observation that
-    ale-py's env returns for every emulator frame is never used: it is replaced by one
-    uninitialised array (ale-py copies a new screen for each frame otherwise, ~13% of a
-    step's time). `env.render()` still reads the ALE's screen."""
+    * Sticky actions (Machado et al. 2018): on every emulator frame, with probability
+      `sticky`, the previously executed action is repeated instead of the agent's (drawn
+      from the env's seeded `np_random`; the previous action is NOOP after a reset), as the
+      ALE's own repeat_action_probability does.
+    * The observation returned when an episode ends during the frame repeat shows the final
+      screen (gymnasium's stops before grabbing it, so every episode's last observation
+      would repeat the previous one).
+    * Each emulator frame is one `ale.act` (what ale-py's env step does with frameskip 1,
+      without its per-frame observation copy, info dict and wrapper calls); the screens are
+      read straight into this wrapper's buffers. Resets and their no-ops still go through
+      ale-py's env, and `env.render()` reads the ALE's screen."""
 
-    def __init__(self, env: gym.Env, **kwargs):
+    def __init__(self, env: gym.Env, sticky: float = 0.0, **kwargs):
         super().__init__(env, **kwargs)
-        base = env.unwrapped
-        if hasattr(base, "_get_obs") and hasattr(base, "ale"):
-            shape, dtype = base.observation_space.shape, base.observation_space.dtype
-            # an instance attribute, shadowing AtariEnv._get_obs; a fresh uninitialised array
-            # (no copy), so no two steps share one object
-            base._get_obs = lambda: np.empty(shape, dtype)
+        if not 0.0 <= sticky <= 1.0:
+            raise ValueError(f"sticky must be a probability in [0, 1], got {sticky}")
+        self.sticky = float(sticky)
+        self.base = env.unwrapped
+        self.action_set = self.base._action_set
+        self.last_action = self.action_set[0]  # NOOP
+
+    def reset(self, **kwargs):
+        self.last_action = self.action_set[0]
+        return super().reset(**kwargs)
 
     def _grab(self, out):
         if self.grayscale_obs:
@@ -88,10 +97,14 @@ class AtariPreprocessing(gym.wrappers.AtariPreprocessing):
             self.ale.getScreenRGB(out)
 
     def step(self, action):
-        total, terminated, truncated, info = 0.0, False, False, {}
+        ale, wanted, total = self.ale, self.action_set[action], 0.0
+        terminated = truncated = False
         for t in range(self.frame_skip):
-            _, reward, terminated, truncated, info = self.env.step(action)
-            total += reward
+            if not (self.sticky and self.np_random.random() < self.sticky):
+                self.last_action = wanted
+            total += ale.act(self.last_action)
+            terminated = ale.game_over(with_truncation=False)
+            truncated = ale.game_truncated()
             self.game_over = terminated
             if self.terminal_on_life_loss:
                 lives = self.ale.lives()
@@ -104,14 +117,14 @@ class AtariPreprocessing(gym.wrappers.AtariPreprocessing):
                     self._grab(self.obs_buffer[1])
                 break
         self._grab(self.obs_buffer[0])
-        return self._get_obs(), total, terminated, truncated, info
+        return self._get_obs(), total, terminated, truncated, self.base._get_info()
 
 
 def wrap(env: gym.Env, size: int = 64, repeat: int = 4, gray: bool = False, noops: int = 0,
-         life_loss: bool = False) -> gym.Env:
-    """Frame repeat with max-pool of the last two frames, resize, no-ops."""
+         life_loss: bool = False, sticky: float = 0.0) -> gym.Env:
+    """Sticky actions, frame repeat with max-pool of the last two frames, resize, no-ops."""
     return AtariPreprocessing(
-        env, noop_max=noops, frame_skip=repeat, screen_size=size, terminal_on_life_loss=life_loss,
+        env, sticky=sticky, noop_max=noops, frame_skip=repeat, screen_size=size, terminal_on_life_loss=life_loss,
         grayscale_obs=gray, grayscale_newaxis=True, scale_obs=False)
 
 
@@ -124,6 +137,6 @@ def make_atari(game: str, benchmark: str = "atari", render_mode: str | None = No
     if unknown:
         raise TypeError(f"unknown Atari option(s) {sorted(unknown)}; options: {sorted(opts)}")
     opts.update(overrides)
-    env = make_raw(game, opts["sticky"], opts["full_action_space"], opts["max_frames"],
-                   opts["gray"], render_mode)
-    return wrap(env, opts["size"], opts["repeat"], opts["gray"], opts["noops"], opts["life_loss"])
+    env = make_raw(game, opts["full_action_space"], opts["max_frames"], opts["gray"], render_mode)
+    return wrap(env, opts["size"], opts["repeat"], opts["gray"], opts["noops"], opts["life_loss"],
+                opts["sticky"])
