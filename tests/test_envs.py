@@ -469,26 +469,83 @@ def test_a_missing_optional_package_names_the_extra_to_install(monkeypatch, env_
     assert isinstance(err.value, ImportError) and isinstance(err.value, ValueError)
 
 
-def test_memory_maze_and_envpool_build_when_installed_else_name_their_extra():
-    for env_id, module, extra in (("memory-maze:9x9", "memory_maze", "memory-maze"),
-                                  ("envpool:Pong-v5", "envpool", "envpool")):
-        try:
-            importlib.import_module(module)
-            installed = True
-        except ImportError:
-            installed = False
-        if installed:
-            env = make_env(env_id)
-            try:
-                obs, _ = env.reset(seed=0)
-                assert obs.shape == (64, 64, 3) and obs.dtype == np.uint8
-                obs, r, term, trunc, _ = env.step(env.action_space.sample())
-                assert obs.shape == (64, 64, 3)
-            finally:
-                env.close()
-        else:
-            with pytest.raises(MissingExtraError, match=rf"lucid-rl\[{extra}\]"):
-                make_env(env_id)
+def test_memory_maze_wrapper_matches_the_dm_env_task_and_truncates():
+    pytest.importorskip("memory_maze", reason="memory-maze not installed")
+    from memory_maze import tasks
+
+    from lucid.envs.dmc import DMEnv
+    env = make_env("memory-maze:9x9")
+    assert env.observation_space == gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    assert env.action_space == gym.spaces.Discrete(6)
+    opts = dict(image_only_obs=True, discrete_actions=True, camera_resolution=64,
+                good_visibility=False)
+    raw = tasks.memory_maze_9x9(seed=5, **opts)
+    try:
+        obs, _ = env.reset(seed=5)
+        ts = raw.reset()
+        assert obs.dtype == np.uint8 and np.array_equal(obs, ts.observation)
+        rng = np.random.default_rng(0)
+        for t in range(12):
+            a = int(rng.integers(6))
+            obs, reward, term, trunc, _ = env.step(a)
+            ts = raw.step(a)
+            assert np.array_equal(obs, ts.observation), f"step {t}"
+            assert reward == (ts.reward or 0.0) and not (term or trunc)
+    finally:
+        env.close()
+        raw.close()
+    # The episode's time limit (here 2.5 s = 10 steps at 4 Hz instead of 250 s) is a
+    # truncation, through the same adapter make_env uses.
+    short = DMEnv(lambda seed: tasks._memory_maze(9, 3, 2.5, seed=seed, **opts), repeat=1,
+                  obs="flat")
+    try:
+        short.reset(seed=0)
+        for t in range(10):
+            _, _, term, trunc, _ = short.step(0)
+            assert not term and trunc == (t == 9)
+    finally:
+        short.close()
+
+
+def test_envpool_wrapper_matches_raw_envpool_with_the_paper_settings():
+    envpool = pytest.importorskip("envpool", reason="envpool has no wheel for this platform")
+    from lucid.envs.envpool import ATARI_ENVPOOL_DEFAULTS
+    env = make_env("envpool:Pong-v5")
+    assert env.observation_space == gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    assert env.action_space == gym.spaces.Discrete(18)  # the full action set, as atari:
+    cfg = env.unwrapped._pool.config
+    assert cfg["repeat_action_probability"] == 0.25 and cfg["frame_skip"] == 4
+    assert cfg["stack_num"] == 1 and not cfg["episodic_life"] and not cfg["reward_clip"]
+    assert cfg["max_episode_steps"] == 27_000 and cfg["full_action_space"]
+    raw = envpool.make_gymnasium("Pong-v5", num_envs=1, batch_size=1, seed=7,
+                                 **ATARI_ENVPOOL_DEFAULTS)
+    try:
+        obs, _ = env.reset(seed=7)
+        raw_obs, _ = raw.reset()
+        assert np.array_equal(obs, raw_obs[0].transpose(1, 2, 0))
+        rng = np.random.default_rng(0)
+        total = 0.0
+        for t in range(400):  # random play loses points in Pong within a few hundred steps
+            a = int(rng.integers(18))
+            obs, reward, term, trunc, _ = env.step(a)
+            raw_obs, raw_r, raw_term, raw_trunc, _ = raw.step(np.array([a]))
+            assert np.array_equal(obs, raw_obs[0].transpose(1, 2, 0)), f"step {t}"
+            assert reward == float(raw_r[0])
+            assert (term, trunc) == (bool(raw_term[0]), bool(raw_trunc[0]))
+            total += reward
+        assert total < 0  # rewards passed through unclipped and unchanged
+    finally:
+        env.close()
+        raw.close()
+
+    env = make_env("envpool:Pong-v5", max_episode_steps=10)
+    try:
+        env.reset(seed=0)
+        for t in range(10):
+            _, _, term, trunc, _ = env.step(0)
+            assert not term and trunc == (t == 9)  # a time limit is a truncation
+    finally:
+        env.close()
 
 
 # --------------------------------------------------------------------------- custom envs

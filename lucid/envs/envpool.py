@@ -3,8 +3,8 @@
 envpool runs the emulator in C++ threads; here one envpool env of batch size 1 is exposed as a
 gymnasium env, so it fits `gymnasium.vector.SyncVectorEnv` like every other suite. For Atari
 ids (`*-v5`) the 2023 paper's settings are passed: 64x64 RGB, frame skip 4 with max-pool,
-sticky actions 0.25, no frame stacking, no episodic life, no reward clipping, 108,000-frame
-limit (27,000 agent steps). Extra keyword arguments go to `envpool.make_gymnasium`.
+sticky actions 0.25, the full action set of 18, INTER_AREA resize, no frame stacking, no
+episodic life, no reward clipping, 108,000-frame limit (27,000 agent steps). Extra keyword arguments go to `envpool.make_gymnasium`.
 
 Pixel tasks of envpool's MuJoCo/DMC need libEGL loaded globally first; this module does so.
 Not exercised in this repository's tests unless envpool is installed.
@@ -21,6 +21,7 @@ from .extras import require
 
 ATARI_ENVPOOL_DEFAULTS = dict(img_height=64, img_width=64, stack_num=1, gray_scale=False,
                               frame_skip=4, repeat_action_probability=0.25, noop_max=1,
+                              full_action_space=True, use_inter_area_resize=True,
                               episodic_life=False, zero_discount_on_life_loss=False,
                               reward_clip=False, max_episode_steps=27_000, use_fire_reset=False)
 
