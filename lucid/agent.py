@@ -152,7 +152,8 @@ class Agent:
                                                          t.model_clip)
 
         # 2. Imagine from every posterior state (start states carry no gradient). The actor
-        #    sees sg(feat); its distribution parameters are kept for its loss.
+        #    sees sg(feat); with REINFORCE its distributions for the loss are recomputed below
+        #    in one batched call, through the dynamics they are kept step by step.
         h = out["h"].detach().reshape(-1, wm.D)
         z = out["z"].detach().reshape(-1, wm.G, wm.K)
         start_cont = 1.0 - batch["is_terminal"].reshape(-1).float()

@@ -160,7 +160,7 @@ def critic_loss(critic: Critic, logits: torch.Tensor, feat: torch.Tensor, ret: t
     symlog(R), plus the same toward the slow critic's mean at `feat` (regulariser)."""
     with torch.no_grad():
         slow = critic.value(feat.detach(), slow=True)
-    logp = torch.log_softmax(fp32(logits), -1)  # once for both targets
+    logp = critic.twohot.log_probs(logits)  # once for both targets
     l_ret = critic.twohot.nll(logp, ret.detach())
     l_reg = critic.twohot.nll(logp, slow)
     loss = (weight[:-1].detach() * (l_ret + tcfg.slow_critic_reg * l_reg)).mean()

@@ -94,11 +94,15 @@ class TwoHot:
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of the two-hot encoding of symlog(target) (target in real space):
         -(1 - w) log p[below] - w log p[below + 1], gathered instead of a dense target."""
-        return self.nll(torch.log_softmax(fp32(logits), -1), target)  # fp32 under autocast
+        return self.nll(self.log_probs(logits), target)
+
+    @staticmethod
+    def log_probs(logits: torch.Tensor) -> torch.Tensor:
+        """Log-softmax over the bins, in fp32 whatever the logits' dtype (bf16 autocast)."""
+        return torch.log_softmax(fp32(logits), -1)
 
     def nll(self, logp: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """`loss` from log-probabilities (log_softmax of the logits), for several targets of
-        the same logits."""
+        """`loss` from `log_probs(logits)`, for several targets of the same logits."""
         below, w_above = self._locate(symlog(fp32(target)))
         lp = logp.gather(-1, torch.stack([below, below + 1], -1))
         return -((1.0 - w_above) * lp[..., 0] + w_above * lp[..., 1])

@@ -43,7 +43,21 @@ def _atomic_savez(path: Path, arrays: dict) -> None:
     tmp.replace(path)
 
 
-class Replay:
+class _Locked:
+    """`self.lock` (an RLock) survives pickling and copying: locks do not pickle, so a copy
+    gets a fresh one."""
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        del state["lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
+
+
+class Replay(_Locked):
     def __init__(self, capacity: int, num_envs: int, fields: dict[str, tuple[tuple, np.dtype]],
                  seed: int = 0, directory: str | Path | None = None, chunk_length: int = 1024,
                  memmap: bool = False, max_bytes: int = 0):
@@ -67,15 +81,6 @@ class Replay:
         self.rng = np.random.default_rng(seed)
         # Held by every write and by `sample` (its indices, the gather and the RNG), so a
         # Prefetcher thread sampling while the trainer adds steps sees each step whole.
-        self.lock = threading.RLock()
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        del state["lock"]  # locks do not pickle; a copy gets its own
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
         self.lock = threading.RLock()
 
     @property
@@ -245,7 +250,7 @@ class Replay:
         return arrays
 
 
-class ReplayGroup:
+class ReplayGroup(_Locked):
     """Several `Replay`s sampled as one: the replay of a run whose env runners step on their own
     clocks (lucid.ray_runners). Part i holds runner i's env streams with its own write
     position, so a runner that is slow, dead or restarted never holds the others back.
@@ -257,15 +262,6 @@ class ReplayGroup:
         self.parts = parts
         self.rng = np.random.default_rng(seed)
         self.lock = threading.RLock()  # taken before a part's lock, never after
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        del state["lock"]
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self.lock = threading.RLock()
 
     def add_chunk(self, part: int, steps: dict[str, np.ndarray]) -> None:
         with self.lock:

@@ -35,20 +35,6 @@ def _find(env, cls):
         env = env.env
 
 
-class Spy(gym.Wrapper):
-    """Records every action that reaches the wrapped env, and its rewards."""
-
-    def __init__(self, env):
-        super().__init__(env)
-        self.actions, self.rewards = [], []
-
-    def step(self, action):
-        self.actions.append(int(action))
-        out = self.env.step(action)
-        self.rewards.append(float(out[1]))
-        return out
-
-
 class AleSpy:
     """Stands in for an env's ALEInterface and records the action of every emulator frame
     (as an index into the env's action set)."""
@@ -66,14 +52,6 @@ class AleSpy:
 
     def __getattr__(self, name):
         return getattr(self.real, name)
-
-
-def _insert_spy_below(env, cls):
-    wrapper = _find(env, cls)
-    assert wrapper is not None, f"no {cls.__name__} in the wrapper chain"
-    spy = Spy(wrapper.env)
-    wrapper.env = spy
-    return spy
 
 
 # --------------------------------------------------------------------------- names, presets

@@ -45,9 +45,9 @@ def _register():
 def make_raw(game: str, full_action_space: bool = True,
              max_frames: int = 108_000, gray: bool = False, render_mode: str | None = None
              ) -> gym.Env:
-    """The bare ALE env, one emulator frame per step. Sticky actions (`sticky`) are drawn per
-    emulator frame by `AtariPreprocessing`, not by the ALE (whose own
-    repeat_action_probability stays 0), so the executed actions can be observed."""
+    """The bare ALE env, one emulator frame per step, with the ALE's own sticky actions off:
+    `AtariPreprocessing` draws them per emulator frame, so the executed actions can be
+    observed."""
     _register()
     gid = game_id(game)
     if gid not in gym.registry:
@@ -107,7 +107,7 @@ class AtariPreprocessing(gym.wrappers.AtariPreprocessing):
             truncated = ale.game_truncated()
             self.game_over = terminated
             if self.terminal_on_life_loss:
-                lives = self.ale.lives()
+                lives = ale.lives()
                 terminated = terminated or lives < self.lives
                 self.game_over, self.lives = terminated, lives
             if t == self.frame_skip - 2:
@@ -124,8 +124,9 @@ def wrap(env: gym.Env, size: int = 64, repeat: int = 4, gray: bool = False, noop
          life_loss: bool = False, sticky: float = 0.0) -> gym.Env:
     """Sticky actions, frame repeat with max-pool of the last two frames, resize, no-ops."""
     return AtariPreprocessing(
-        env, sticky=sticky, noop_max=noops, frame_skip=repeat, screen_size=size, terminal_on_life_loss=life_loss,
-        grayscale_obs=gray, grayscale_newaxis=True, scale_obs=False)
+        env, sticky=sticky, noop_max=noops, frame_skip=repeat, screen_size=size,
+        terminal_on_life_loss=life_loss, grayscale_obs=gray, grayscale_newaxis=True,
+        scale_obs=False)
 
 
 def make_atari(game: str, benchmark: str = "atari", render_mode: str | None = None,

@@ -4,10 +4,12 @@ envpool runs the emulator in C++ threads; here one envpool env of batch size 1 i
 gymnasium env, so it fits `gymnasium.vector.SyncVectorEnv` like every other suite. For Atari
 ids (`*-v5`) the 2023 paper's settings are passed: 64x64 RGB, frame skip 4 with max-pool,
 sticky actions 0.25, the full action set of 18, INTER_AREA resize, no frame stacking, no
-episodic life, no reward clipping, 108,000-frame limit (27,000 agent steps). Extra keyword arguments go to `envpool.make_gymnasium`.
+episodic life, no reward clipping, 108,000-frame limit (27,000 agent steps). Extra keyword
+arguments go to `envpool.make_gymnasium`.
 
 Pixel tasks of envpool's MuJoCo/DMC need libEGL loaded globally first; this module does so.
-Not exercised in this repository's tests unless envpool is installed.
+envpool has wheels for CPython 3.11 on Linux x86-64 only (the `envpool` extra is empty
+elsewhere).
 """
 
 from __future__ import annotations
