@@ -28,6 +28,7 @@ from .envs.crafter import AchievementTracker
 from .logger import Logger
 from .replay import Prefetcher, Replay
 from .runner import Collector, evaluate, restarting
+from .system import tune_malloc
 from . import distributed
 
 
@@ -95,6 +96,8 @@ class Trainer:
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
+        if cfg.run.tune_malloc:
+            tune_malloc()
         seed_everything(cfg.run.seed + 7919 * self.rank)
         self.agent = Agent(self.obs_spec, self.act_spec, cfg, self.device)
         self.replay = self._make_replay()
