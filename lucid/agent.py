@@ -46,6 +46,8 @@ class Agent:
         self.device = torch.device(device)
         m, t = config.model, config.train
         self.wm = WorldModel(obs_spec, act_spec.dim, m).to(self.device)
+        if self.wm.encoder.cnn is not None:
+            self.wm.encoder.cnn.channels_last = t.channels_last
         self.actor = Actor(self.wm.feat_dim, act_spec, m).to(self.device)
         self.critic = Critic(self.wm.feat_dim, m).to(self.device)
         self.retnorm = ReturnNorm(t.return_norm_decay, t.return_norm_low, t.return_norm_high,
@@ -171,7 +173,8 @@ class Agent:
 
         with self.autocast():  # heads' outputs are fp32 (cast before the two-hot means)
             with frozen(wm), torch.set_grad_enabled(dynamics_grad):
-                feat, action = wm.imagine(policy, h, z, t.horizon)
+                feat, action = wm.imagine(policy, h, z, t.horizon,
+                                          gather=t.onehot_gather and not dynamics_grad)
                 # 3. Dreamed rewards (mean), continues (mode) and values -> λ-returns (real
                 # space). Step 0's reward is never used; its continue is known from the replay.
                 reward = wm.twohot.mean(wm.reward(feat[1:]))

@@ -125,6 +125,8 @@ class TrainConfig:
     # optimiser state stay fp32.
     precision: str = "fp32"  # "fp32" or "bf16" (autocast of the update's forward passes)
     prefetch: bool = False  # sample the next batch on a background thread during the update
+    onehot_gather: bool = True  # imagined z as indices: layers gather, no one-hot matmul
+    channels_last: bool = True  # image encoder convolutions on NHWC memory
 
 
 @dataclass

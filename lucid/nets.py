@@ -122,6 +122,14 @@ def unimix_logits(logits: torch.Tensor, unimix: float) -> torch.Tensor:
     return torch.log(probs)
 
 
+def categorical_index(logp: torch.Tensor) -> torch.Tensor:
+    """Class index sampled from Categorical(exp(logp)) over the last axis, by inverse CDF:
+    the first class whose cumulative probability exceeds u ~ U(0, 1)."""
+    probs = logp.detach().exp()
+    u = torch.rand(*probs.shape[:-1], 1, device=probs.device, dtype=probs.dtype)
+    return (probs.cumsum(-1) < u).sum(-1).clamp_(max=probs.shape[-1] - 1)
+
+
 def onehot_sample(logp: torch.Tensor, straight_through: bool = True) -> torch.Tensor:
     """One-hot sample of Categorical(exp(logp)) over the last axis.
 
@@ -129,9 +137,7 @@ def onehot_sample(logp: torch.Tensor, straight_through: bool = True) -> torch.Te
     (sample + p - sg(p)), as in DreamerV2's algorithm 1.
     """
     probs = logp.exp()
-    # Inverse-CDF sampling: the first class whose cumulative probability exceeds u ~ U(0, 1).
-    u = torch.rand(*probs.shape[:-1], 1, device=probs.device, dtype=probs.dtype)
-    idx = (probs.detach().cumsum(-1) < u).sum(-1).clamp_(max=probs.shape[-1] - 1)
+    idx = categorical_index(logp)
     sample = F.one_hot(idx, probs.shape[-1]).to(probs.dtype)
     if straight_through and probs.requires_grad:  # exact one-hots when no gradient is needed
         sample = sample + probs - probs.detach()
@@ -149,6 +155,64 @@ def categorical_kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
 
 def categorical_entropy(logp: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
+
+
+class OneHotCat:
+    """The features [dense[..., :at], onehot(idx), dense[..., at:]] with the one-hot codes kept
+    as class indices idx (..., G) over `classes` K. A Linear over it (`linear_in`) adds the G
+    weight columns of the active classes (one gather-sum) instead of multiplying G·K inputs
+    that are mostly zero: the same function, a fraction of the arithmetic. Used for imagined
+    states [h, z], whose one-hot z carries no gradient (`train.onehot_gather`)."""
+
+    def __init__(self, dense: torch.Tensor, idx: torch.Tensor, classes: int, at: int):
+        self.dense, self.idx, self.classes, self.at = dense, idx, classes, at
+
+    def __getitem__(self, i) -> "OneHotCat":  # indexes the leading (batch, time) axes
+        return OneHotCat(self.dense[i], self.idx[i], self.classes, self.at)
+
+    def detach(self) -> "OneHotCat":
+        return OneHotCat(self.dense.detach(), self.idx, self.classes, self.at)
+
+    def to_dense(self) -> torch.Tensor:
+        onehot = F.one_hot(self.idx, self.classes).flatten(-2).to(self.dense.dtype)
+        return torch.cat([self.dense[..., :self.at], onehot, self.dense[..., self.at:]], -1)
+
+    @staticmethod
+    def stack(items: list["OneHotCat"]) -> "OneHotCat":
+        first = items[0]
+        return OneHotCat(torch.stack([x.dense for x in items]),
+                         torch.stack([x.idx for x in items]), first.classes, first.at)
+
+
+def linear_in(layer: nn.Linear, x: torch.Tensor | OneHotCat) -> torch.Tensor:
+    """`layer(x)`, where x may be a `OneHotCat`."""
+    if not isinstance(x, OneHotCat):
+        return layer(x)
+    w, at = layer.weight, x.at
+    G, K = x.idx.shape[-1], x.classes
+    end = at + G * K
+    if at == 0:
+        w_dense = w[:, end:]
+    elif end == w.shape[1]:
+        w_dense = w[:, :at]
+    else:
+        w_dense = torch.cat([w[:, :at], w[:, end:]], 1)
+    out = F.linear(x.dense, w_dense, layer.bias)
+    active = (x.idx + _offsets(G, K, x.idx.device)).reshape(-1, G)  # weight row per group
+    table = w[:, at:end].t().contiguous()  # (G*K, units); a strided table gathers slowly
+    gathered = F.embedding_bag(active, table, mode="sum")  # (rows, units)
+    return out + gathered.reshape(out.shape).to(out.dtype)
+
+
+_OFFSETS: dict[tuple, torch.Tensor] = {}
+
+
+def _offsets(groups: int, classes: int, device: torch.device) -> torch.Tensor:
+    """First row of each group's block in the (G*K, units) weight table: 0, K, 2K, ..."""
+    key = (groups, classes, device)
+    if key not in _OFFSETS:
+        _OFFSETS[key] = torch.arange(0, groups * classes, classes, device=device)
+    return _OFFSETS[key]
 
 
 # --------------------------------------------------------------------------- initialisation
@@ -196,7 +260,11 @@ class MLP(nn.Module):
         self.net = nn.Sequential(*mods)
         self.out_dim = units if layers else in_dim
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | OneHotCat) -> torch.Tensor:
+        if isinstance(x, OneHotCat):
+            if not len(self.net):
+                return x.to_dense()
+            return self.net[1:](linear_in(self.net[0], x))
         return self.net(x)
 
 
@@ -208,7 +276,7 @@ class Head(nn.Module):
         self.mlp = MLP(in_dim, units, layers)
         self.out = linear(self.mlp.out_dim, out_dim, zero=zero)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | OneHotCat) -> torch.Tensor:
         return self.out(self.mlp(x))
 
 
@@ -273,8 +341,13 @@ class ImageEncoder(nn.Module):
             ch = out
         self.net = nn.Sequential(*layers)
         self.out_dim = ch * (height // 16) * (width // 16)
+        # Run the convolutions on NHWC memory (`train.channels_last`): the same values, and
+        # ChannelNorm's permute to channels-last is then free instead of a copy.
+        self.channels_last = False
 
     def forward(self, img: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            img = img.contiguous(memory_format=torch.channels_last)
         return self.net(img).flatten(1)
 
 

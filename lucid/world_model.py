@@ -17,8 +17,9 @@ from torch import nn
 
 from .config import ModelConfig, TrainConfig
 from .envs.spaces import ObsSpec
-from .nets import (MLP, Head, ImageDecoder, ImageEncoder, NormGRUCell, TwoHot, categorical_kl,
-                   fp32, linear, onehot_mode, onehot_sample, symlog, unimix_logits)
+from .nets import (MLP, Head, ImageDecoder, ImageEncoder, NormGRUCell, OneHotCat, TwoHot,
+                   categorical_index, categorical_kl, fp32, linear, onehot_mode, onehot_sample,
+                   symlog, unimix_logits)
 
 
 @dataclass
@@ -135,7 +136,10 @@ class WorldModel(nn.Module):
 
     # ------------------------------------------------------------------ RSSM pieces
 
-    def feat(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    def feat(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor | OneHotCat:
+        """[h, z]; z either one-hot (..., G, K) or class indices (..., G) (a `OneHotCat`)."""
+        if not z.is_floating_point():
+            return OneHotCat(h, z, self.K, at=h.shape[-1])
         return torch.cat([h, z.flatten(-2)], -1)
 
     def _latent_logp(self, x: torch.Tensor) -> torch.Tensor:
@@ -148,6 +152,9 @@ class WorldModel(nn.Module):
         return self._latent_logp(self.post_out(self.post_mlp(torch.cat([embed, h], -1))))
 
     def sequence(self, h: torch.Tensor, z: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """h' = GRU(dense([z, a]), h); z one-hot (N, G, K) or class indices (N, G)."""
+        if not z.is_floating_point():
+            return self.gru(self.seq_in(OneHotCat(action, z, self.K, at=0)), h)
         return self.gru(self.seq_in(torch.cat([z.flatten(-2), action], -1)), h)
 
     def initial(self, n: int) -> State:
@@ -208,17 +215,26 @@ class WorldModel(nn.Module):
         prior = self.prior_logp(h)  # all priors in one batched call
         return h, torch.stack(zs, 1), torch.stack(post, 1), prior, state
 
-    def imagine(self, policy, h: torch.Tensor, z: torch.Tensor, horizon: int):
+    def imagine(self, policy, h: torch.Tensor, z: torch.Tensor, horizon: int,
+                gather: bool = False):
         """Roll the prior forward `horizon` steps from N start states with `policy(feat) ->
-        action`. Returns feats (H+1, N, F) of steps 0..H and actions (H, N, A) of steps 0..H-1."""
+        action`. Returns feats (H+1, N, F) of steps 0..H and actions (H, N, A) of steps 0..H-1.
+
+        `gather` (no gradient through the latents): z is kept as class indices and the feats
+        are a `OneHotCat`, so every layer over [h, z] or [z, a] gathers instead of multiplying
+        by one-hots. The samples and the function are the same as the dense path's."""
+        if gather:
+            z = z.argmax(-1)  # exact: the start states are detached one-hots
         feats, actions = [self.feat(h, z)], []
         for _ in range(horizon):
             a = policy(feats[-1])
             actions.append(a)
             h = self.sequence(h, z, a)
-            z = onehot_sample(self.prior_logp(h))
+            logp = self.prior_logp(h)
+            z = categorical_index(logp) if gather else onehot_sample(logp)
             feats.append(self.feat(h, z))
-        return torch.stack(feats), torch.stack(actions)
+        feats = OneHotCat.stack(feats) if gather else torch.stack(feats)
+        return feats, torch.stack(actions)
 
     # ------------------------------------------------------------------ loss
 

@@ -40,10 +40,17 @@ def _quantile_sample(logp, straight_through=True):
     return sample + probs - probs.detach() if straight_through else sample
 
 
+def _quantile_index(logp):
+    """`_quantile_sample` as a class index (the imagination's sampler with onehot_gather)."""
+    probs = logp.detach().exp()
+    return (torch.cumsum(probs, -1) < 0.5).sum(-1).clamp(max=probs.shape[-1] - 1)
+
+
 def _deterministic_sampling(patch=setattr):
     import lucid.behavior
     import lucid.world_model
     patch(lucid.world_model, "onehot_sample", _quantile_sample)
+    patch(lucid.world_model, "categorical_index", _quantile_index)
     patch(lucid.behavior, "onehot_sample", _quantile_sample)
 
 

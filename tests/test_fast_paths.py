@@ -1,0 +1,121 @@
+"""Speed switches that must not change the maths: `train.onehot_gather` (imagined latents as
+class indices, nets.OneHotCat) and `train.channels_last` (NHWC encoder convolutions). Each is
+compared with the plain dense computation it replaces."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from train_step import batch_for, spaces  # noqa: E402
+
+from lucid.agent import Agent  # noqa: E402
+from lucid.config import make_config  # noqa: E402
+from lucid.nets import Head, ImageEncoder, OneHotCat, linear, linear_in  # noqa: E402
+from lucid.world_model import WorldModel  # noqa: E402
+
+
+@pytest.mark.parametrize("at", [0, 3, 5])  # one-hots first (as [z, a]), in the middle, last
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_over_onehot_indices_equals_the_dense_linear(at, bias):
+    torch.manual_seed(0)
+    G, K, dense_dim, units = 4, 6, 5, 7
+    layer = linear(dense_dim + G * K, units, bias=bias)
+    if bias:
+        torch.nn.init.normal_(layer.bias)
+    dense = torch.randn(3, 2, dense_dim, requires_grad=True)
+    idx = torch.randint(0, K, (3, 2, G))
+    x = OneHotCat(dense, idx, K, at)
+    # The dense features written out by hand: [dense[:at], one-hots, dense[at:]].
+    onehot = torch.zeros(3, 2, G * K)
+    for g in range(G):
+        onehot.scatter_(-1, (idx[..., g:g + 1] + g * K), 1.0)
+    full = torch.cat([dense[..., :at], onehot, dense[..., at:]], -1)
+    assert torch.equal(x.to_dense(), full)
+
+    out = linear_in(layer, x)
+    ref = full @ layer.weight.t() + (layer.bias if bias else 0.0)
+    assert torch.allclose(out, ref, atol=1e-5)
+    # Gradients to the weight (both parts), the bias and the dense input are the dense ones.
+    g_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, [layer.weight, dense] + ([layer.bias] if bias else []),
+                                g_out)
+    refs = torch.autograd.grad(ref, [layer.weight, dense] + ([layer.bias] if bias else []),
+                               g_out)
+    for a, b in zip(grads, refs):
+        assert torch.allclose(a, b, atol=1e-5)
+    # Indexing the leading axes and stacking keep the correspondence.
+    assert torch.equal(x[1:].to_dense(), full[1:])
+    assert torch.equal(OneHotCat.stack([x[0], x[2]]).to_dense(), full[[0, 2]])
+
+
+def test_heads_accept_onehot_features():
+    torch.manual_seed(0)
+    head = Head(8 + 3 * 4, 16, 2, 5)
+    x = OneHotCat(torch.randn(10, 8), torch.randint(0, 4, (10, 3)), 4, at=8)
+    assert torch.allclose(head(x), head(x.to_dense()), atol=1e-5)
+
+
+def test_imagination_with_indices_draws_the_same_trajectory_as_with_onehots():
+    cfg = make_config("default", model={"size": "nano"})
+    obs_spec, act_spec = spaces("vector", "discrete")
+    torch.manual_seed(0)
+    wm = WorldModel(obs_spec, act_spec.dim, cfg.model)
+    actor = Agent(obs_spec, act_spec, cfg).actor
+    h = torch.randn(6, wm.D)
+    z = F.one_hot(torch.randint(0, wm.K, (6, wm.G)), wm.K).float()
+    out = {}
+    with torch.no_grad():
+        for gather in (False, True):
+            torch.manual_seed(1)
+            out[gather] = wm.imagine(lambda f: actor(f), h, z, 5, gather=gather)
+    dense_feat, dense_act = out[False]
+    idx_feat, idx_act = out[True]
+    assert isinstance(idx_feat, OneHotCat)
+    assert torch.equal(idx_act, dense_act)
+    assert torch.allclose(idx_feat.to_dense(), dense_feat, atol=1e-5)
+
+
+@pytest.mark.parametrize("action,grad", [("discrete", "reinforce"),
+                                         ("continuous", "reinforce"),
+                                         ("continuous", "dynamics")])
+def test_updates_with_and_without_gather_give_the_same_losses(action, grad):
+    def losses(gather: bool) -> list[dict]:
+        cfg = make_config("default", model={"size": "nano"},
+                          train={"batch_size": 4, "batch_length": 8, "horizon": 4,
+                                 "onehot_gather": gather, "continuous_grad": grad})
+        obs_spec, act_spec = spaces("vector", action)
+        torch.manual_seed(0)
+        agent = Agent(obs_spec, act_spec, cfg)
+        batch = batch_for(obs_spec, act_spec, 4, 8, torch.device("cpu"))
+        torch.manual_seed(1)
+        return [agent.train(batch) for _ in range(3)]
+
+    dense, gathered = losses(False), losses(True)
+    for d, g in zip(dense, gathered):
+        for k in d:
+            assert g[k] == pytest.approx(d[k], rel=1e-4, abs=1e-6), k
+
+
+def test_channels_last_encoder_matches_nchw():
+    torch.manual_seed(0)
+    enc = ImageEncoder(3, 4, 32, 32)
+    img = torch.rand(5, 3, 32, 32) - 0.5
+    ref = enc(img)
+    ref_grads = torch.autograd.grad(ref.square().sum(), list(enc.parameters()))
+    enc.channels_last = True
+    out = enc(img)
+    grads = torch.autograd.grad(out.square().sum(), list(enc.parameters()))
+    assert torch.allclose(out, ref, atol=1e-5)
+    for a, b in zip(grads, ref_grads):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_agent_sets_the_encoder_layout_from_the_config():
+    obs_spec, act_spec = spaces("image", "discrete")
+    for flag in (False, True):
+        cfg = make_config("default", model={"size": "nano"}, train={"channels_last": flag})
+        assert Agent(obs_spec, act_spec, cfg).wm.encoder.cnn.channels_last is flag
