@@ -11,7 +11,9 @@ version, and a constraints file keeps it so while the peer installs (no CUDA bui
 downloaded). Each measurement runs in its own process (lucid too), one after another, with
 the same thread count: a synthetic batch of B x T steps (vector: 4 floats, image: 64x64x3
 uint8; 6 discrete actions) and H = 15, `--warmup` untimed updates, then the median of
-`--iters` updates. The ratio column is peer ms / lucid ms (> 1: lucid is faster).
+`--iters` updates. The ratio column is peer ms / lucid ms (> 1: lucid is faster). lucid runs
+with the malloc thresholds `lucid train` sets (lucid/system.py); `--peer-malloc tuned` gives
+the peers the same thresholds through glibc's MALLOC_*_ environment variables.
 A peer that cannot be installed or run is reported with the reason instead of a number.
 """
 
@@ -31,6 +33,9 @@ sys.path.insert(0, str(HERE))
 from _peer_setup import PEERS, ensure, python_of  # noqa: E402
 from common import machine, write_json  # noqa: E402
 
+sys.path.insert(0, str(HERE.parent))
+from lucid.system import MMAP_THRESHOLD, TRIM_THRESHOLD  # noqa: E402
+
 
 def last_json(text: str) -> dict | None:
     for line in reversed(text.splitlines()):
@@ -42,9 +47,9 @@ def last_json(text: str) -> dict | None:
     return None
 
 
-def run_child(cmd: list[str], timeout: float) -> dict:
+def run_child(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     r = last_json(proc.stdout)
@@ -66,6 +71,10 @@ def measure(who: str, size: str, obs: str, a, threads: int) -> dict:
         if not ok:
             return {"error": f"not installed: {msg}"}
         cmd = [str(python_of(who)), str(HERE / f"_peer_{who}.py"), *common]
+        if a.peer_malloc == "tuned":  # the same glibc thresholds as lucid/system.py, by env
+            env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD),
+                       MALLOC_TRIM_THRESHOLD_=str(TRIM_THRESHOLD))
+            return run_child(cmd, a.timeout, env)
     return run_child(cmd, a.timeout)
 
 
@@ -80,6 +89,9 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per measurement")
+    p.add_argument("--peer-malloc", default="default", choices=["default", "tuned"],
+                   help="peers with glibc's own malloc thresholds (as shipped) or with the "
+                        "ones lucid sets (run.tune_malloc), through MALLOC_*_ environment variables")
     p.add_argument("--setup-only", action="store_true")
     p.add_argument("--json", default="benchmarks/results/peers.json")
     a = p.parse_args(argv)

@@ -17,7 +17,10 @@ same thread count (and, for bf16 rows, against a bf16 matmul peak). `--precision
 the update with `train.precision=bf16` (autocast). Each configuration runs in its own
 subprocess (clean peak RSS and compile caches) unless `--inline`; `--timeout` bounds one
 configuration and `--deadline` (unix time) skips the ones that would start too late, so a
-prepared GPU script fits its time. JSON (rewritten after every configuration, so a killed run
+prepared GPU script fits its time. Updates run with the malloc thresholds that `lucid train` sets
+(`run.tune_malloc`, lucid/system.py); `--malloc default` keeps glibc's own. `--set KEY=VALUE`
+overrides config keys, e.g. `--set train.onehot_gather=false train.channels_last=false` to
+measure without those speed switches. JSON (rewritten after every configuration, so a killed run
 keeps what it measured) holds the machine's description, load average and library versions.
 Numbers, not asserts.
 """
@@ -43,6 +46,7 @@ from common import machine, matmul_peak, peak_rss_mb, write_json  # noqa: E402
 from lucid.agent import Agent  # noqa: E402
 from lucid.config import SIZES, make_config  # noqa: E402
 from lucid.envs.spaces import ActionSpec, ObsSpec  # noqa: E402
+from lucid.system import tune_malloc  # noqa: E402
 
 
 def spaces(obs: str, action: str):
@@ -89,11 +93,12 @@ def count_flops(agent: Agent, batch: dict) -> int:
 
 
 def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
-          horizon: int | None = None, precision: str = "fp32") -> dict:
+          horizon: int | None = None, precision: str = "fp32",
+          overrides: list[str] | None = None) -> dict:
     train = {"batch_size": B, "batch_length": T, "precision": precision}
     if horizon:
         train["horizon"] = horizon
-    cfg = make_config("default", model={"size": size}, train=train)
+    cfg = make_config("default", overrides or None, model={"size": size}, train=train)
     obs_spec, act_spec = spaces(obs, action)
     torch.manual_seed(0)
     agent = Agent(obs_spec, act_spec, cfg, device)  # eager; compiled below (same maths)
@@ -127,7 +132,8 @@ def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
             "peak_mem_mb": peak_memory_mb(device), "params": agent.num_params(),
             "peak_reserved_mb": (torch.cuda.max_memory_reserved(device) / 2**20
                                  if device.type == "cuda" else None),
-            "threads": torch.get_num_threads(), "iters": iters, "warmup": warmup}
+            "threads": torch.get_num_threads(), "iters": iters, "warmup": warmup,
+            "overrides": list(overrides or [])}
 
 
 def run_isolated(args: list[str], timeout: float | None = None) -> dict:
@@ -166,18 +172,24 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--peak-n", type=int, default=2048, help="side of the peak matmul (0 = skip)")
     p.add_argument("--inline", action="store_true", help="no subprocess per configuration")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides for every configuration, e.g. train.onehot_gather=false")
+    p.add_argument("--malloc", default="tuned", choices=["tuned", "default"],
+                   help="glibc malloc thresholds as `run.tune_malloc` sets them, or glibc's own")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", default="benchmarks/results/train_step.json")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.malloc == "tuned":
+        tune_malloc()
     device = torch.device(a.device)
     sizes = list(SIZES) if a.size == ["all"] else a.size
     modes = [False, True] if a.both else [a.compile]
 
     if a.one:  # child: one configuration, one JSON line
         r = bench(sizes[0], a.obs[0], a.action[0], a.batch, a.length, a.iters, a.warmup,
-                  device, a.compile, a.horizon or None, a.precision[0])
+                  device, a.compile, a.horizon or None, a.precision[0], a.set)
         print(json.dumps(r))
         return
 
@@ -214,13 +226,14 @@ def main(argv=None):
                             continue
                         if a.inline:
                             r = bench(size, obs, action, a.batch, a.length, a.iters, a.warmup,
-                                      device, comp, a.horizon or None, prec)
+                                      device, comp, a.horizon or None, prec, a.set)
                         else:
                             child = ["--size", size, "--obs", obs, "--action", action,
                                      "--batch", str(a.batch), "--length", str(a.length),
                                      "--horizon", str(a.horizon), "--iters", str(a.iters),
                                      "--warmup", str(a.warmup), "--device", a.device,
-                                     "--precision", prec,
+                                     "--precision", prec, "--malloc", a.malloc,
+                                     *(["--set", *a.set] if a.set else []),
                                      "--threads", str(torch.get_num_threads())]
                             limits = [x for x in (a.timeout, left) if x]
                             r = run_isolated(child + (["--compile"] if comp else []),
