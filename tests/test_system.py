@@ -10,7 +10,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 
 # Minor page faults per `cpu-control` update (CartPole shapes, B=8, T=32) after 3 warm-up
 # updates: with glibc's defaults every large activation is a fresh mmap (~9,000 faults per
-# update on the development machine); tuned, freed blocks are reused (~1).
+# update on the development machine); tuned, freed blocks are reused (~1 on a quiet machine).
 PROBE = textwrap.dedent("""
     import resource, sys, torch
     import gymnasium as gym
@@ -48,7 +48,9 @@ def test_tuned_malloc_reuses_freed_blocks_instead_of_faulting_in_fresh_pages():
     _, without = faults("default")
     assert tuned == "True"
     assert without > 1000, f"glibc's defaults should fault in fresh pages: {without} per update"
-    assert with_tuning < without / 50, (with_tuning, without)
+    # Quiet machine: ~1 against ~10,000; a CI run beside two training processes saw 340
+    # against 9,356 (the kernel's own page management under load), so the bar is 10x.
+    assert with_tuning < without / 10, (with_tuning, without)
 
 
 def test_trainer_applies_it_only_when_configured(tmp_path):
