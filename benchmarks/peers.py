@@ -71,11 +71,11 @@ def measure(who: str, size: str, obs: str, a, threads: int) -> dict:
         if not ok:
             return {"error": f"not installed: {msg}"}
         cmd = [str(python_of(who)), str(HERE / f"_peer_{who}.py"), *common]
-        if a.peer_malloc == "tuned":  # the same glibc thresholds as lucid/system.py, by env
-            env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD),
-                       MALLOC_TRIM_THRESHOLD_=str(TRIM_THRESHOLD))
-            return run_child(cmd, a.timeout, env)
-    return run_child(cmd, a.timeout)
+    env = None
+    if who != "lucid" and a.peer_malloc == "tuned":  # lucid/system.py's thresholds, by env
+        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD),
+                   MALLOC_TRIM_THRESHOLD_=str(TRIM_THRESHOLD))
+    return run_child(cmd, a.timeout, env)
 
 
 def main(argv=None):

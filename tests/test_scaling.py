@@ -30,28 +30,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _quantile_sample(logp, straight_through=True):
-    """The categorical sampler with u = 0.5 instead of u ~ U(0, 1) per row: every row's sample
-    then depends only on that row, so B rows on each of two ranks get exactly the samples the
-    same 2B rows get in one process."""
-    probs = logp.exp()
-    idx = (torch.cumsum(probs, -1) < 0.5).sum(-1, keepdim=True).clamp(max=probs.shape[-1] - 1)
-    sample = torch.zeros_like(probs).scatter_(-1, idx, 1.0)
-    return sample + probs - probs.detach() if straight_through else sample
-
-
 def _quantile_index(logp):
-    """`_quantile_sample` as a class index (the imagination's sampler with onehot_gather)."""
+    """The categorical sampler (nets.categorical_index) with u = 0.5 instead of u ~ U(0, 1)
+    per row: every row's sample then depends only on that row, so B rows on each of two ranks
+    get exactly the samples the same 2B rows get in one process."""
     probs = logp.detach().exp()
     return (torch.cumsum(probs, -1) < 0.5).sum(-1).clamp(max=probs.shape[-1] - 1)
 
 
 def _deterministic_sampling(patch=setattr):
-    import lucid.behavior
+    """Every sample of the update comes from `categorical_index`: one-hot samples
+    (nets.onehot_sample) draw through it, and imagination with onehot_gather calls it."""
+    import lucid.nets
     import lucid.world_model
-    patch(lucid.world_model, "onehot_sample", _quantile_sample)
+    patch(lucid.nets, "categorical_index", _quantile_index)
     patch(lucid.world_model, "categorical_index", _quantile_index)
-    patch(lucid.behavior, "onehot_sample", _quantile_sample)
 
 
 def _agent(seed):

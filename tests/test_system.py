@@ -3,31 +3,31 @@
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"  # train_step's test batches
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 
-# Minor page faults per `cpu-control` update (CartPole shapes, B=8, T=32) after 3 warm-up
-# updates: with glibc's defaults every large activation is a fresh mmap (~9,000 faults per
-# update on the development machine); tuned, freed blocks are reused (~1 on a quiet machine).
+# Minor page faults per `cpu-control` update (train_step.py's vector batch, B=8, T=32) after
+# 3 warm-up updates: with glibc's defaults every large activation is a fresh mmap (~9,000
+# faults per update on the development machine); tuned, freed blocks are reused (~1 on a
+# quiet machine).
 PROBE = textwrap.dedent("""
     import resource, sys, torch
-    import gymnasium as gym
     from lucid.system import tune_malloc
     tuned = tune_malloc() if sys.argv[1] == "tuned" else False
+    sys.path.insert(0, sys.argv[2])
+    from train_step import batch_for, spaces
     from lucid.agent import Agent
     from lucid.config import make_config
-    from lucid.envs.spaces import ActionSpec, ObsSpec
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    agent = Agent(ObsSpec.from_space(gym.spaces.Box(-1, 1, (4,))),
-                  ActionSpec.from_space(gym.spaces.Discrete(2)), make_config("cpu-control"))
-    B, T = 8, 32
-    batch = {"obs": {"vector": torch.randn(B, T, 4)},
-             "action": torch.nn.functional.one_hot(torch.randint(0, 2, (B, T)), 2).float(),
-             "reward": torch.ones(B, T), "is_first": torch.zeros(B, T, dtype=torch.bool),
-             "is_terminal": torch.zeros(B, T, dtype=torch.bool)}
+    obs_spec, act_spec = spaces("vector", "discrete")
+    agent = Agent(obs_spec, act_spec, make_config("cpu-control"))
+    batch = batch_for(obs_spec, act_spec, 8, 32, torch.device("cpu"))
     for _ in range(3):
         agent.train_step(batch)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -38,8 +38,8 @@ PROBE = textwrap.dedent("""
 
 
 def faults(mode: str) -> tuple[str, float]:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run([sys.executable, "-c", PROBE, mode, str(BENCHMARKS)],
+                         capture_output=True, text=True, check=True).stdout.split()
     return out[0], float(out[1])
 
 
