@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Issue 7's GPU checks in one go, on one H200, in under 10 minutes including compilation:
-#   1. prefetch: the batch prefetcher on CUDA (pinned memory, side stream) gives the same
-#      batches as plain sampling with the same seed; time the learner waits per batch
-#   2. train_step: benchmarks/train_step.py on cuda, B=16 T=64, sizes S and XL, vector and
-#      64x64x3 image inputs, discrete actions: eager fp32 and bf16, then compiled bf16, then
-#      (after the learning run, if time is left) compiled fp32: ms per update, FLOPs, GFLOP/s
-#      against fp32 and bf16 matmul peaks, peak memory
-#   3. learning: lucid train CartPole-v1 --preset paper-cartpole --device cuda
-#      run.time_limit=4 (train.prefetch=true): env steps at which the mean of the last 10
-#      training returns first reaches 450, if it does
+# Issue 7's GPU checks (and issue 3's paper-CartPole run) in one go on one H200, in under
+# 10 minutes including compilation:
+#   1. tests: tests/test_cuda_graph.py on CUDA (graphed updates equal eager ones; a
+#      non-finite batch is skipped inside the graph) and the prefetcher on CUDA (same batches
+#      as plain sampling; the learner's wait per batch)
+#   2. train_step: benchmarks/train_step.py on cuda, B=16 T=64, bf16, discrete actions, sizes
+#      S and XL, vector and 64x64x3 image inputs: eager, then the whole update as one CUDA
+#      graph (train.cuda_graph), with dense and gathered one-hot layers; FLOPs, TFLOP/s
+#      against the bf16 matmul peak measured in the same run, peak memory
+#   3. learning: lucid train CartPole-v1 --preset paper-cartpole --device cuda for LEARN_MIN
+#      minutes (with the CUDA graph when its test passed): the env steps at which the mean of
+#      the last 10 training returns first reaches 450, if it does
+#   4. with the time left: compiled + graphed and fp32 eager at S
 # then a summary table against the issue's targets (bf16: S <= 25 ms, XL <= 75 ms per update,
 # XL peak memory <= 9 GiB).
 #
@@ -16,7 +19,7 @@
 #
 # Runs with the machine's python3 (a CUDA torch). omegaconf and gymnasium, if missing there,
 # are installed from wheels in .whl/ (gitignored; docs/performance.md: "The GPU suite" says how
-# to fetch them and carry them). Knobs (environment): PY, SUITE_BUDGET_S (total, default 570),
+# to fetch them and carry them). Knobs (environment): PY, SUITE_BUDGET_S (total, default 540),
 # LEARN_MIN (4), ITERS (timed updates per configuration, 10), LEARN_ARGS (extra overrides),
 # and for a dry run without a GPU: DEVICE (cuda), SIZES ("S XL"), BATCH (16), LENGTH (64),
 # PEAK_N (8192), e.g.
@@ -28,8 +31,10 @@ cd "$(dirname "$0")/.." || exit 1
 T0=$(date +%s)
 PY=${PY:-python3}
 OUTDIR=${OUT:-benchmarks/results}
+WORK=$(mktemp -d /tmp/gpu_suite.XXXX)  # logs and details: packed into one archive at the end
 mkdir -p "$OUTDIR"
-BUDGET=${SUITE_BUDGET_S:-570}
+exec > >(tee "$WORK/gpu_suite.log") 2>&1
+BUDGET=${SUITE_BUDGET_S:-540}
 LEARN_MIN=${LEARN_MIN:-4}
 ITERS=${ITERS:-10}
 DEVICE=${DEVICE:-cuda}
@@ -41,6 +46,7 @@ END=$((T0 + BUDGET))
 LEARN_S=$(awk "BEGIN { print int($LEARN_MIN * 60 + 40) }")  # run + start-up + checkpoint
 BENCH_END=$((END - LEARN_S))       # the benchmarks before the learning run stop here
 log() { echo "[gpu_suite +$(( $(date +%s) - T0 ))s] $*"; }
+export PYTHONUNBUFFERED=1
 
 # ------------------------------------------------------------------ environment
 if ! "$PY" -c "import omegaconf, gymnasium" 2>/dev/null; then
@@ -55,15 +61,30 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [[ $DEVICE == cuda* ]]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm \
-    --format=csv 2>&1 | tee "$OUTDIR/gpu_nvidia_smi.txt"
+    --format=csv 2>&1
   "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; \
 print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" \
     || exit 1
 fi
 
-# ------------------------------------------------------------------ 1. prefetch on CUDA
+# ------------------------------------------------------------------ 1. tests on the device
+log "tests: tests/test_cuda_graph.py on $DEVICE"
+timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_graph.py \
+  --junitxml="$WORK/gpu_tests.xml" 2>&1 | tail -n 25
+# The learning run uses the graph if the dense-layer graph tests ran on the GPU and passed.
+"$PY" - "$WORK/gpu_tests.xml" <<'EOF'
+import sys, xml.etree.ElementTree as ET
+cases = [c for c in ET.parse(sys.argv[1]).iter("testcase") if "graph" in c.get("name", "")
+         and "True" not in c.get("name", "")]
+bad = [c.get("name") for c in cases if len(c)]  # a child: failure, error or skipped
+print("graph tests (dense layers):", len(cases), "ran;", "not passed:", bad or "none")
+sys.exit(1 if bad or not cases else 0)
+EOF
+GRAPH_OK=$?
+log "dense graph tests: $([ $GRAPH_OK -eq 0 ] && echo passed || echo 'not passed')"
+
 log "prefetch: $DEVICE prefetcher vs plain sampling"
-timeout 120 "$PY" - "$OUTDIR/gpu_prefetch.json" "$DEVICE" <<'EOF'
+timeout 90 "$PY" - "$OUTDIR/gpu_prefetch.json" "$DEVICE" <<'EOF'
 import json, statistics, sys, time
 import numpy as np, torch
 from lucid.replay import Prefetcher, Replay, to_batch
@@ -111,30 +132,36 @@ EOF
 [ $? -eq 0 ] || log "prefetch check FAILED"
 
 # ------------------------------------------------------------------ 2. train_step
-bench() {  # name, deadline, per-configuration timeout, train_step.py arguments...
-  local name=$1 deadline=$2 tmo=$3
-  shift 3
+bench() {  # name, deadline, per-configuration timeout, sizes, train_step.py arguments...
+  local name=$1 deadline=$2 tmo=$3 sizes=$4 dir=$OUTDIR
+  shift 4
+  [ "$name" = eager_fp32 ] && dir=$WORK  # at most 8 files come back from the device
   log "train_step $name (deadline +$((deadline - T0))s)"
   # shellcheck disable=SC2086
-  "$PY" benchmarks/train_step.py --device "$DEVICE" --size $SIZES --obs vector image \
-    --action discrete --batch "$BATCH" --length "$LENGTH" --iters "$ITERS" --warmup 3 \
-    --peak-n "$PEAK_N" \
-    --timeout "$tmo" --deadline "$deadline" --json "$OUTDIR/gpu_train_step_$name.json" "$@"
+  timeout $((deadline - $(date +%s) + 30)) "$PY" benchmarks/train_step.py --device "$DEVICE" \
+    --size $sizes --action discrete --batch "$BATCH" --length "$LENGTH" --iters "$ITERS" \
+    --warmup 3 --timeout "$tmo" --deadline "$deadline" \
+    --json "$dir/gpu_train_step_$name.json" "$@"
 }
-bench eager "$BENCH_END" 90 --precision fp32 bf16
-bench compiled_bf16 "$BENCH_END" 240 --precision bf16 --compile
+GRAPH=(--set train.cuda_graph=true train.onehot_gather=false)
+bench eager "$BENCH_END" 90 "$SIZES" --obs vector image --precision bf16 --peak-n "$PEAK_N"
+bench graph "$BENCH_END" 90 "$SIZES" --obs vector image --precision bf16 --peak-n 0 "${GRAPH[@]}"
+bench graph_gather "$BENCH_END" 90 "${SIZES%% *}" --obs vector --precision bf16 --peak-n 0 \
+  --set train.cuda_graph=true train.onehot_gather=true
 
 # ------------------------------------------------------------------ 3. learning run
 RUN_DIR=/tmp/lucid-gpu-learn-$$
-log "learning: paper-cartpole on $DEVICE for $LEARN_MIN min -> $RUN_DIR"
+LEARN_GRAPH=""
+[ "$GRAPH_OK" -eq 0 ] && LEARN_GRAPH="train.cuda_graph=true train.onehot_gather=false"
+log "learning: paper-cartpole on $DEVICE for $LEARN_MIN min ($LEARN_GRAPH) -> $RUN_DIR"
 # shellcheck disable=SC2086
 timeout $((LEARN_S + 30)) "$PY" -m lucid train CartPole-v1 --preset paper-cartpole \
   --device "$DEVICE" --run-dir "$RUN_DIR" run.time_limit="$LEARN_MIN" run.target_return=450 \
-  run.videos=false run.progress=false run.logger=none train.prefetch=true ${LEARN_ARGS:-} \
-  2>&1 | tail -n 5
-mkdir -p "$OUTDIR/gpu_learn"
+  run.videos=false run.progress=false run.logger=none train.prefetch=true $LEARN_GRAPH \
+  ${LEARN_ARGS:-} 2>&1 | tail -n 5
+mkdir -p "$WORK/gpu_learn"
 cp "$RUN_DIR"/metrics.jsonl "$RUN_DIR"/episodes.jsonl "$RUN_DIR"/config.yaml \
-  "$OUTDIR/gpu_learn/" 2>/dev/null
+  "$WORK/gpu_learn/" 2>/dev/null
 "$PY" - "$RUN_DIR" "$OUTDIR/gpu_learning.json" <<'EOF'
 import json, sys
 from pathlib import Path
@@ -144,7 +171,7 @@ def rows(name):
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
 eps = [e for e in rows("episodes.jsonl") if not e.get("eval")]
 metrics = rows("metrics.jsonl")
-reached, best, recent = None, None, []
+reached, best, recent, curve = None, None, [], []
 for e in eps:
     recent = (recent + [e["return"]])[-10:]
     if len(recent) == 10:
@@ -152,38 +179,45 @@ for e in eps:
         best = m if best is None else max(best, m)
         if reached is None and m >= 450:
             reached = {"env_steps": e["env_steps"], "wall_time_s": e["wall_time"]}
+for r in metrics:
+    curve.append([r.get("env_steps"), r.get("updates"), round(r.get("wall_time", 0), 1),
+                  r.get("episode/return_recent")])
 waits = [r["perf/batch_wait_ms"] for r in metrics if "perf/batch_wait_ms" in r]
 last = metrics[-1] if metrics else {}
 out = {"reached_450": reached, "best_mean_of_10": best, "episodes": len(eps),
        "env_steps": last.get("env_steps"), "updates": last.get("updates"),
        "wall_time_s": last.get("wall_time"),
        "updates_per_s_last": last.get("perf/updates_per_s"),
-       "batch_wait_ms_mean": sum(waits) / len(waits) if waits else None}
-print("learning:", json.dumps(out))
+       "batch_wait_ms_mean": sum(waits) / len(waits) if waits else None,
+       "curve_env_steps_updates_wall_return": curve}
+print("learning:", json.dumps({k: v for k, v in out.items() if k != "curve_env_steps_updates_wall_return"}))
 json.dump(out, open(sys.argv[2], "w"), indent=1)
 EOF
 
-# ------------------------------------------------------------------ 2b. compiled fp32, if time is left
-bench compiled_fp32 "$END" 240 --precision fp32 --compile
+# ------------------------------------------------------------------ 4. if time is left
+bench compiled_graph "$END" 200 "${SIZES%% *}" --obs vector image --precision bf16 --peak-n 0 \
+  --compile "${GRAPH[@]}"
+bench eager_fp32 "$END" 60 "${SIZES%% *}" --obs vector --precision fp32 --peak-n "$PEAK_N"
 
 # ------------------------------------------------------------------ summary
 log "summary"
-"$PY" - "$OUTDIR" <<'EOF'
+"$PY" - "$OUTDIR" "$WORK" <<'EOF'
 import json, sys
 from pathlib import Path
-out = Path(sys.argv[1])
+out, work = Path(sys.argv[1]), Path(sys.argv[2])
 rows = []
-for name in ("eager", "compiled_bf16", "compiled_fp32"):
+for name in ("eager", "graph", "graph_gather", "compiled_graph", "eager_fp32"):
     p = out / f"gpu_train_step_{name}.json"
+    p = p if p.exists() else work / p.name
     if p.exists():
-        rows += json.loads(p.read_text())["results"]
+        rows += [{**r, "set": name} for r in json.loads(p.read_text())["results"]]
 target_ms = {"S": 25, "XL": 75}  # the issue's bf16 targets on one H200
-print(f"{'size':>4} {'obs':>6} {'mode':>8} {'prec':>4} {'ms med':>8} {'upd/s':>6} "
+print(f"{'size':>4} {'obs':>6} {'set':>14} {'prec':>4} {'ms med':>8} {'upd/s':>6} "
       f"{'TFLOP/s':>7} {'peak GiB':>8}  target")
 for r in rows:
-    head = f"{r['size']:>4} {r['obs']:>6} {r['mode']:>8} {r['precision']:>4}"
+    head = f"{r['size']:>4} {r['obs']:>6} {r['set']:>14} {r['precision']:>4}"
     if "error" in r:
-        print(f"{head} {' '.join(map(str, r['error']))[:60]}")
+        print(f"{head} {' '.join(map(str, r['error']))[-200:]}")
         continue
     gib = r["peak_mem_mb"] / 1024
     note = ""
@@ -196,7 +230,8 @@ for r in rows:
           f"{r['gflops_per_s'] / 1e3:7.2f} {gib:8.2f}  {note}")
 for name in ("gpu_prefetch.json", "gpu_learning.json"):
     p = out / name
-    print(name, p.read_text().replace("\n", " ") if p.exists() else "missing")
+    text = p.read_text().replace("\n", " ") if p.exists() else "missing"
+    print(name, text[:600])
 json.dump({"train_step": rows,
            **{n: json.loads((out / f"gpu_{n}.json").read_text())
               for n in ("prefetch", "learning") if (out / f"gpu_{n}.json").exists()}},
@@ -204,3 +239,4 @@ json.dump({"train_step": rows,
 print(f"wrote {out / 'gpu_suite.json'}")
 EOF
 log "done"
+tar czf "$OUTDIR/gpu_details.tar.gz" -C "$WORK" . 2>/dev/null

@@ -85,10 +85,11 @@ def peak_memory_mb(device) -> float:
 
 def count_flops(agent: Agent, batch: dict) -> int:
     """Floating-point operations of one full update (forward and backward of all three
-    losses), as counted by torch.utils.flop_counter (matmuls, convolutions, attention)."""
+    losses), as counted by torch.utils.flop_counter (matmuls, convolutions, attention), on
+    the uncaptured update (`train.cuda_graph` replays the same operations)."""
     from torch.utils.flop_counter import FlopCounterMode
     with FlopCounterMode(display=False) as counter:
-        agent.train_step(batch)
+        agent._update(batch)
     return int(counter.get_total_flops())
 
 
@@ -125,7 +126,9 @@ def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
     med = statistics.median(times)
     return {"size": size, "obs": obs, "action": action, "B": B, "T": T,
             "horizon": cfg.train.horizon, "device": str(device),
-            "mode": "compiled" if compile_ else "eager", "precision": precision,
+            "mode": ("compiled" if compile_ else "eager") + ("+graph" if cfg.train.cuda_graph
+                                                             else ""),
+            "precision": precision,
             "ms_median": 1e3 * med, "ms_min": 1e3 * min(times), "ms_max": 1e3 * max(times),
             "first_s": first_s, "updates_per_s": 1 / med, "replayed_steps_per_s": B * T / med,
             "flops_per_update": flops, "gflops_per_s": flops / med / 1e9,
@@ -206,7 +209,7 @@ def main(argv=None):
                             "matmul_peaks": peaks, "args": vars(a), "results": rows,
                             "speedups": speedups(rows)}, quiet=True)
 
-    print(f"{'size':>5} {'obs':>6} {'action':>10} {'mode':>8} {'prec':>4} {'B':>3} {'T':>3} "
+    print(f"{'size':>5} {'obs':>6} {'action':>10} {'mode':>14} {'prec':>4} {'B':>3} {'T':>3} "
           f"{'ms med':>9} {'min':>8} {'max':>8} {'upd/s':>7} {'steps/s':>8} {'GFLOP/upd':>9} "
           f"{'GFLOP/s':>8} {'%peak':>6} {'peak MB':>8} {'1st s':>6}")
     for size in sizes:
@@ -214,8 +217,9 @@ def main(argv=None):
             for action in a.action:
                 for prec in a.precision:
                     for comp in modes:
-                        mode = "compiled" if comp else "eager"
-                        head = f"{size:>5} {obs:>6} {action:>10} {mode:>8} {prec:>4}"
+                        mode = ("compiled" if comp else "eager") + (
+                            "+graph" if "train.cuda_graph=true" in (a.set or []) else "")
+                        head = f"{size:>5} {obs:>6} {action:>10} {mode:>14} {prec:>4}"
                         left = a.deadline - time.time() if a.deadline else None
                         if left is not None and left < 10:
                             print(f"{head} skipped: past --deadline", flush=True)

@@ -34,8 +34,11 @@ def frozen(*modules: nn.Module):
             p.requires_grad_(True)
 
 
-def _adam(params, lr, eps):
-    return torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
+def _adam(params, lr, eps, capturable=False):
+    """Adam as one fused kernel per parameter group. The fused kernel also takes `found_inf`:
+    when that tensor is non-zero it leaves parameters, moments and step count as they were,
+    so a non-finite step is skipped on the device, without reading a value back."""
+    return torch.optim.Adam(params, lr=lr, eps=eps, fused=True, capturable=capturable)
 
 
 class Agent:
@@ -45,6 +48,9 @@ class Agent:
         self.obs_spec, self.act_spec = obs_spec, act_spec
         self.device = torch.device(device)
         m, t = config.model, config.train
+        if t.cuda_graph and self.device.type != "cuda":
+            raise ValueError(f"train.cuda_graph=true needs a CUDA device, not {self.device}: "
+                             f"use --device cuda, or train.cuda_graph=false")
         self.wm = WorldModel(obs_spec, act_spec.dim, m).to(self.device)
         if self.wm.encoder.cnn is not None:
             self.wm.encoder.cnn.channels_last = t.channels_last
@@ -52,11 +58,16 @@ class Agent:
         self.critic = Critic(self.wm.feat_dim, m).to(self.device)
         self.retnorm = ReturnNorm(t.return_norm_decay, t.return_norm_low, t.return_norm_high,
                                   t.return_norm_min_scale).to(self.device)
-        self.opt_wm = _adam(self.wm.parameters(), t.model_lr, t.model_eps)
-        self.opt_actor = _adam(self.actor.parameters(), t.actor_lr, t.actor_eps)
-        self.opt_critic = _adam(self.critic.net.parameters(), t.critic_lr, t.critic_eps)
+        # The update reads nothing back to the host (metrics stay tensors; non-finite steps
+        # are skipped on the device). On CPU the RSSM skips the reset arithmetic at steps
+        # where no row starts an episode, which needs the flags on the host: free there.
+        self.wm.skip_resets = self.device.type == "cpu"
+        graph = t.cuda_graph
+        self.opt_wm = _adam(self.wm.parameters(), t.model_lr, t.model_eps, graph)
+        self.opt_actor = _adam(self.actor.parameters(), t.actor_lr, t.actor_eps, graph)
+        self.opt_critic = _adam(self.critic.net.parameters(), t.critic_lr, t.critic_eps, graph)
         self.updates = 0
-        self.skipped = 0  # optimiser steps skipped for non-finite losses or gradients
+        self._graph: GraphedUpdate | None = None  # train.cuda_graph: captured at first update
         # Data-parallel learners (lucid.distributed): `grad_sync(params, loss)` averages the
         # gradients and the loss over ranks between backward and clipping; `gather(x)` joins
         # a tensor over ranks (the return percentiles see the global batch). None = one process.
@@ -91,8 +102,10 @@ class Agent:
         the rest fp32 explicitly (nets.LayerNorm, `.float()` before every distribution and
         loss), so λ-returns, return normalisation and parameters never see bf16. Acting
         (`policy`) stays fp32. fp32: a no-op context."""
-        if self.config.train.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        t = self.config.train
+        if t.precision == "bf16":  # a graph replays casts: no autocast cache across captures
+            return torch.autocast(self.device.type, dtype=torch.bfloat16,
+                                  cache_enabled=not t.cuda_graph)
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ acting
@@ -123,35 +136,43 @@ class Agent:
     # ------------------------------------------------------------------ learning
 
     def _step(self, opt: torch.optim.Optimizer, loss: torch.Tensor, params, clip: float
-              ) -> tuple[torch.Tensor, bool]:
-        """Backward, clip and step; a non-finite loss or gradient skips the step (the
-        parameters and optimiser state stay as they were) and is counted. Returns the gradient
-        norm before clipping and whether the step was taken."""
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Backward, clip and step. A non-finite loss or gradient skips the step on the device
+        (fused Adam's `found_inf`: parameters, moments and step count stay as they were).
+        Returns the gradient norm before clipping and whether the step was taken (0-d bool)."""
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.grad_sync is not None:  # same averaged gradients (and decision) on every rank
             params = list(params)
             loss = self.grad_sync(params, loss.detach())
         norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
-        ok = bool(torch.isfinite(norm)) and bool(torch.isfinite(loss))  # one sync per optimiser
-        if ok:
-            opt.step()
-        else:
-            self.skipped += 1
+        ok = torch.isfinite(norm) & torch.isfinite(loss.detach())
+        opt.found_inf = (~ok).float()
+        opt.step()
         opt.zero_grad(set_to_none=True)
         return norm, ok
 
     def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
-        """One update of all three components; returns metrics as 0-d tensors (no syncs)."""
+        """One update of all three components; returns metrics as 0-d tensors (no syncs).
+        With `train.cuda_graph` the update is captured once and replayed."""
+        if self.config.train.cuda_graph:
+            if self._graph is None:
+                self._graph = GraphedUpdate(self, batch)
+            out = self._graph(batch)
+        else:
+            out = self._update(batch)
+        self.updates += 1
+        return out
+
+    def _update(self, batch: dict) -> dict[str, torch.Tensor]:
         t = self.config.train
         wm, actor, critic = self.wm, self.actor, self.critic
-        skipped_before = self.skipped
 
         # 1. World model.
         with self.autocast():
             wm_loss, metrics, out = wm.loss(batch, t)
-        metrics["world_model/grad_norm"], _ = self._step(self.opt_wm, wm_loss, wm.parameters(),
-                                                         t.model_clip)
+        metrics["world_model/grad_norm"], wm_ok = self._step(self.opt_wm, wm_loss,
+                                                             wm.parameters(), t.model_clip)
 
         # 2. Imagine from every posterior state (start states carry no gradient). The actor
         #    sees sg(feat); with REINFORCE its distributions for the loss are recomputed below
@@ -204,8 +225,8 @@ class Agent:
             dist = actor.stack(params)
         a_loss, a_metrics = actor_loss(actor, dist, action, ret, value, weight, scale, t)
         metrics.update(a_metrics)
-        metrics["actor/grad_norm"], _ = self._step(self.opt_actor, a_loss, actor.parameters(),
-                                                   t.actor_clip)
+        metrics["actor/grad_norm"], actor_ok = self._step(self.opt_actor, a_loss,
+                                                          actor.parameters(), t.actor_clip)
 
         # 5. Critic on detached imagined states, then its slow copy.
         with self.autocast():  # the slow critic's forward pass; the loss itself is fp32
@@ -213,10 +234,10 @@ class Agent:
         metrics.update(c_metrics)
         metrics["critic/grad_norm"], critic_ok = self._step(self.opt_critic, c_loss,
                                                             critic.net.parameters(), t.critic_clip)
-        if critic_ok:  # a skipped critic step leaves its slow copy as it was too
-            critic.update_slow(t.slow_critic_fraction)
-        self.updates += 1
-        metrics["train/nonfinite_steps"] = torch.tensor(float(self.skipped - skipped_before))
+        # A skipped critic step leaves its slow copy as it was too.
+        critic.update_slow(t.slow_critic_fraction * critic_ok.float())
+        metrics["train/nonfinite_steps"] = 3.0 - (wm_ok.float() + actor_ok.float()
+                                                  + critic_ok.float())
 
         ret_d = ret.detach()
         metrics.update({
@@ -267,8 +288,89 @@ class Agent:
         for k, o in self.optimizers().items():
             o.load_state_dict(state["optimizers"][k])
         self.updates = int(state.get("updates", 0))
+        self._graph = None  # optimiser state tensors were replaced: capture again
 
     def num_params(self) -> dict[str, int]:
         count = lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad)  # noqa: E731
         return {"world_model": count(self.wm), "actor": count(self.actor),
                 "critic": count(self.critic.net)}
+
+
+# ---------------------------------------------------------------------- CUDA graph of the update
+
+def _map(tree: dict, fn) -> dict:
+    return {k: _map(v, fn) if isinstance(v, dict) else fn(v) for k, v in tree.items()}
+
+
+def _copy_into(dst: dict, src: dict, prefix: str = "") -> None:
+    for k, d in dst.items():
+        s = src[k]
+        if isinstance(d, dict):
+            _copy_into(d, s, f"{prefix}{k}/")
+        elif s.shape != d.shape:
+            raise ValueError(f"train.cuda_graph replays one batch shape: {prefix}{k} was captured "
+                             f"as {tuple(d.shape)} and is now {tuple(s.shape)}; keep "
+                             f"train.batch_size and train.batch_length fixed")
+        else:
+            d.copy_(s, non_blocking=True)
+
+
+def snapshot(agent: Agent):
+    """Copies of the agent's parameters, buffers and optimiser state, for `restore`."""
+    modules = [[t.detach().clone() for t in m.state_dict().values()]
+               for m in agent.modules().values()]
+    opts = [{p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)}
+             for p, st in o.state.items()} for o in agent.optimizers().values()]
+    return modules, opts
+
+
+@torch.no_grad()
+def restore(agent: Agent, saved) -> None:
+    """Put a `snapshot` back in place (the same tensors, as a captured graph needs them).
+    Optimiser state made since the snapshot is zeroed: Adam's fresh state is all zeros."""
+    modules, opts = saved
+    for m, values in zip(agent.modules().values(), modules):
+        for t, v in zip(m.state_dict().values(), values):
+            t.copy_(v)
+    for o, before in zip(agent.optimizers().values(), opts):
+        for p, st in o.state.items():
+            for k, v in st.items():
+                if torch.is_tensor(v):
+                    v.copy_(before[p][k]) if p in before else v.zero_()
+
+
+class GraphedUpdate:
+    """`train.cuda_graph`: the whole update (world-model, actor and critic losses, backward
+    passes, clipping, fused Adam steps, slow critic) captured once as one CUDA graph and then
+    replayed per batch: one launch instead of thousands of small kernels, whose launch cost
+    dominates the update at the paper's batch sizes. This works because the update reads
+    nothing back to the host (non-finite steps are skipped on the device; metrics stay on it).
+
+    Capturing needs warm-up updates (lazy optimiser state, library workspaces, compiled
+    kernels). They run on a side stream, and afterwards the agent's parameters, buffers and
+    optimiser state are put back in place, so the first replay starts from the state the agent
+    had: the replayed updates are the eager updates, with the same maths and a different draw
+    of random numbers. Batches are copied into the captured input buffers (fixed B and T)."""
+
+    def __init__(self, agent: Agent, batch: dict, warmup: int = 3):
+        self.batch = _map(batch, lambda x: x.clone())
+        saved = snapshot(agent)
+        device = agent.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                agent._update(self.batch)
+        torch.cuda.current_stream(device).wait_stream(side)
+        restore(agent, saved)
+        self.graph = torch.cuda.CUDAGraph()
+        # thread_local: the prefetch thread may copy the next batch while this one captures.
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+            metrics = agent._update(self.batch)
+            self.keys = list(metrics)
+            self.values = torch.stack([v.detach().float().reshape(()) for v in metrics.values()])
+
+    def __call__(self, batch: dict) -> dict[str, torch.Tensor]:
+        _copy_into(self.batch, batch)
+        self.graph.replay()
+        return dict(zip(self.keys, self.values.clone().unbind()))

@@ -55,6 +55,11 @@ class ReturnNorm(nn.Module):
         return torch.clamp(self.high - self.low, min=self.min_scale)
 
 
+def _normal(mean: torch.Tensor, std: torch.Tensor) -> torch.distributions.Normal:
+    # No argument validation: it reads values back to the host (std > 0 holds by construction).
+    return torch.distributions.Normal(mean, std, validate_args=False)
+
+
 class Actor(nn.Module):
     """π(a | s): factorised unimix categoricals for (Multi)Discrete actions, a Normal with
     tanh mean and std in [min_std, max_std] for Box actions (model space [-1, 1])."""
@@ -92,12 +97,12 @@ class Actor(nn.Module):
             parts = action.split(self.spec.discrete, -1)
             return sum((lp * a).sum(-1) for lp, a in zip(params, parts))
         mean, std = params
-        return torch.distributions.Normal(mean, std).log_prob(action).sum(-1)
+        return _normal(mean, std).log_prob(action).sum(-1)
 
     def entropy(self, params) -> torch.Tensor:
         if self.spec.is_discrete:
             return sum(categorical_entropy(lp) for lp in params)
-        return torch.distributions.Normal(*params).entropy().sum(-1)
+        return _normal(*params).entropy().sum(-1)
 
     @staticmethod
     def stack(params: list):
@@ -127,7 +132,9 @@ class Critic(nn.Module):
         return self.twohot.mean((self.slow if slow else self.net)(feat))
 
     @torch.no_grad()
-    def update_slow(self, fraction: float) -> None:
+    def update_slow(self, fraction: float | torch.Tensor) -> None:
+        """slow += fraction * (net - slow); `fraction` may be a 0-d tensor on the parameters'
+        device (0 leaves the copy exactly as it was)."""
         for s, f in zip(self.slow.parameters(), self.net.parameters()):
             s.lerp_(f, fraction)
 

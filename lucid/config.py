@@ -127,6 +127,9 @@ class TrainConfig:
     prefetch: bool = False  # sample the next batch on a background thread during the update
     onehot_gather: bool = True  # imagined z as indices: layers gather, no one-hot matmul
     channels_last: bool = True  # image encoder convolutions on NHWC memory
+    # CUDA only: capture the whole update (losses, backward passes, optimiser steps) as one
+    # CUDA graph and replay it per batch (lucid.agent.GraphedUpdate); one process, fixed B, T.
+    cuda_graph: bool = False  # replay the update as one captured CUDA graph (GPU only)
 
 
 @dataclass
@@ -306,6 +309,8 @@ def validate(cfg: Config) -> None:
         (t.continuous_grad in ("dynamics", "reinforce"),
          "train.continuous_grad must be 'dynamics' or 'reinforce'"),
         (t.precision in ("fp32", "bf16"), "train.precision must be 'fp32' or 'bf16'"),
+        (not t.cuda_graph or cfg.run.device != "cpu",
+         "train.cuda_graph=true needs a CUDA device: use --device cuda, or train.cuda_graph=false"),
         (cfg.run.device in ("auto", "cpu", "cuda") or cfg.run.device.startswith("cuda:"),
          "run.device must be auto, cpu or cuda[:N]"),
         (cfg.run.steps >= 0, "run.steps must be >= 0"),

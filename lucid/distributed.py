@@ -84,6 +84,9 @@ class DataParallel:
     def attach(self, agent) -> None:
         """Make rank 0's parameters and buffers everyone's, and hook the gradient averaging
         and the return gathering into the agent's update."""
+        if agent.config.train.cuda_graph:
+            raise ValueError("train.cuda_graph=true is for one process; data-parallel learners "
+                             "run the update uncaptured: set train.cuda_graph=false")
         with torch.no_grad():
             for module in agent.modules().values():
                 for t in module.state_dict().values():  # views of the parameters/buffers

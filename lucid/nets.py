@@ -122,6 +122,13 @@ def unimix_logits(logits: torch.Tensor, unimix: float) -> torch.Tensor:
     return torch.log(probs)
 
 
+def one_hot(idx: torch.Tensor, classes: int, dtype: torch.dtype) -> torch.Tensor:
+    """One-hot vectors of class indices (..., classes). A scatter, unlike F.one_hot, which
+    checks the index range by reading values back to the host on CPUs."""
+    out = torch.zeros(*idx.shape, classes, dtype=dtype, device=idx.device)
+    return out.scatter_(-1, idx.unsqueeze(-1), 1.0)
+
+
 def categorical_index(logp: torch.Tensor) -> torch.Tensor:
     """Class index sampled from Categorical(exp(logp)) over the last axis, by inverse CDF:
     the first class whose cumulative probability exceeds u ~ U(0, 1)."""
@@ -138,14 +145,14 @@ def onehot_sample(logp: torch.Tensor, straight_through: bool = True) -> torch.Te
     """
     probs = logp.exp()
     idx = categorical_index(logp)
-    sample = F.one_hot(idx, probs.shape[-1]).to(probs.dtype)
+    sample = one_hot(idx, probs.shape[-1], probs.dtype)
     if straight_through and probs.requires_grad:  # exact one-hots when no gradient is needed
         sample = sample + probs - probs.detach()
     return sample
 
 
 def onehot_mode(logp: torch.Tensor) -> torch.Tensor:
-    return F.one_hot(logp.argmax(-1), logp.shape[-1]).to(logp.dtype)
+    return one_hot(logp.argmax(-1), logp.shape[-1], logp.dtype)
 
 
 def categorical_kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
@@ -174,7 +181,7 @@ class OneHotCat:
         return OneHotCat(self.dense.detach(), self.idx, self.classes, self.at)
 
     def to_dense(self) -> torch.Tensor:
-        onehot = F.one_hot(self.idx, self.classes).flatten(-2).to(self.dense.dtype)
+        onehot = one_hot(self.idx, self.classes, self.dense.dtype).flatten(-2)
         return torch.cat([self.dense[..., :self.at], onehot, self.dense[..., self.at:]], -1)
 
     @staticmethod

@@ -205,9 +205,8 @@ class Trainer:
                         self._stop = True
                 while c["updates"] < self.updates_due() and self.replay.can_sample(t.batch_length):
                     batch = self._batches.get()  # timed: perf/batch_wait_ms
-                    skipped = self.agent.skipped
                     metrics = self.agent.train_step(batch)
-                    if self.agent.skipped > skipped:
+                    if metrics["train/nonfinite_steps"] > 0:  # the one value read per update
                         c["nonfinite_updates"] += 1
                         bad_in_row += 1
                         if bad_in_row >= t.max_nonfinite:

@@ -107,6 +107,8 @@ class Decoder(nn.Module):
 
 
 class WorldModel(nn.Module):
+    skip_resets = True  # observe(): skip resets where no row starts (reads flags to the host)
+
     def __init__(self, spec: ObsSpec, action_dim: int, mcfg: ModelConfig):
         super().__init__()
         dims = mcfg.dims()
@@ -201,9 +203,11 @@ class WorldModel(nn.Module):
         if state is None:
             state = init
             is_first = is_first.clone()
-            is_first[:, 0] = True
+            is_first[:, 0].fill_(True)
         hs, zs, post = [], [], []
-        resets = is_first.any(0).tolist()  # skip the reset arithmetic at steps without one
+        # Skip the reset arithmetic at steps where no row starts an episode: that reads the
+        # flags back to the host, free on CPU; on GPUs (`skip_resets` off) every step resets.
+        resets = is_first.any(0).tolist() if self.skip_resets else [True] * T
         for t in range(T):
             state, logp, h = self.obs_step(state, embed[:, t],
                                            is_first[:, t] if resets[t] else None, init=init)

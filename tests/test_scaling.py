@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from determinism import deterministic_sampling
 from lucid.config import make_config
 
 B, T, H, UPDATES = 3, 8, 4, 3
@@ -28,23 +29,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _quantile_index(logp):
-    """The categorical sampler (nets.categorical_index) with u = 0.5 instead of u ~ U(0, 1)
-    per row: every row's sample then depends only on that row, so B rows on each of two ranks
-    get exactly the samples the same 2B rows get in one process."""
-    probs = logp.detach().exp()
-    return (torch.cumsum(probs, -1) < 0.5).sum(-1).clamp(max=probs.shape[-1] - 1)
-
-
-def _deterministic_sampling(patch=setattr):
-    """Every sample of the update comes from `categorical_index`: one-hot samples
-    (nets.onehot_sample) draw through it, and imagination with onehot_gather calls it."""
-    import lucid.nets
-    import lucid.world_model
-    patch(lucid.nets, "categorical_index", _quantile_index)
-    patch(lucid.world_model, "categorical_index", _quantile_index)
 
 
 def _agent(seed):
@@ -95,7 +79,7 @@ def _rank_main(rank, world, port, out_dir):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    _deterministic_sampling()
+    deterministic_sampling()
     from lucid.distributed import DataParallel
     dp = DataParallel("cpu")
     agent = _agent(seed=1000 + rank)  # different initial weights: attach() must fix that
@@ -142,7 +126,7 @@ def test_two_gloo_learners_match_one_learner_with_the_full_batch(tmp_path, monke
     assert all(torch.equal(a, b) for a, b in zip(r0["grads"], r1["grads"]))
     assert r0["checks"] == 1
 
-    _deterministic_sampling(monkeypatch.setattr)
+    deterministic_sampling(monkeypatch.setattr)
     single = _agent(seed=1000)  # rank 0's initial weights
     full = _train_recording(single, _full_batch(2 * B))
     for u in range(UPDATES):

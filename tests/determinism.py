@@ -1,0 +1,21 @@
+"""Deterministic sampling for tests that compare two ways of computing the same update."""
+
+import torch
+
+
+def quantile_index(logp):
+    """The categorical sampler (nets.categorical_index) with u = 0.5 instead of u ~ U(0, 1)
+    per row: every row's sample then depends only on that row, so B rows on each of two ranks
+    get exactly the samples the same 2B rows get in one process, and an update reads no random
+    numbers (for discrete actions)."""
+    probs = logp.detach().exp()
+    return (torch.cumsum(probs, -1) < 0.5).sum(-1).clamp(max=probs.shape[-1] - 1)
+
+
+def deterministic_sampling(patch=setattr):
+    """Every sample of the update comes from `categorical_index`: one-hot samples
+    (nets.onehot_sample) draw through it, and imagination with onehot_gather calls it."""
+    import lucid.nets
+    import lucid.world_model
+    patch(lucid.nets, "categorical_index", quantile_index)
+    patch(lucid.world_model, "categorical_index", quantile_index)

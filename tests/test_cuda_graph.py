@@ -1,0 +1,156 @@
+"""`train.cuda_graph`: the update captured as one CUDA graph. What makes that possible is
+checked on the CPU: the update reads nothing back to the host (so it can be captured), and
+the warm-up before a capture is undone exactly (so the replayed updates start where the agent
+was). The capture itself needs a GPU: those tests run where CUDA is (benchmarks/gpu_suite.sh
+runs them on the H200) and are skipped elsewhere."""
+
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from train_step import batch_for, spaces  # noqa: E402
+
+from determinism import deterministic_sampling  # noqa: E402
+from lucid.agent import Agent, restore, snapshot  # noqa: E402
+from lucid.config import ConfigError, make_config  # noqa: E402
+
+# Operators that read a tensor's value on the host (.item(), bool(), data-dependent shapes)
+# or make a tensor from host data during the update (a host-to-device copy on a GPU).
+HOST_READS = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal",
+              "lift_fresh", "lift_fresh_copy"}
+
+
+class HostReads(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[str, str] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in HOST_READS and name not in self.seen:
+            self.seen[name] = "".join(traceback.format_stack(limit=6)[:-1])
+        return func(*args, **(kwargs or {}))
+
+
+def _agent(obs="vector", action="discrete", device="cpu", seed=0, **train):
+    cfg = make_config("default", model={"size": "nano"},
+                      train={"batch_size": 3, "batch_length": 8, "horizon": 4, **train})
+    obs_spec, act_spec = spaces(obs, action)
+    torch.manual_seed(seed)
+    return Agent(obs_spec, act_spec, cfg, device), batch_for(obs_spec, act_spec, 3, 8, device)
+
+
+@pytest.mark.parametrize("obs,action,train", [
+    ("vector", "discrete", {}),
+    ("vector", "discrete", {"onehot_gather": False}),
+    ("image", "continuous", {}),  # backpropagation through the dynamics
+    ("vector", "continuous", {"continuous_grad": "reinforce", "precision": "bf16"}),
+])
+def test_update_reads_nothing_back_to_the_host(obs, action, train):
+    agent, batch = _agent(obs, action, **train)
+    agent.wm.skip_resets = False  # as on GPUs
+    agent.train_step(batch)  # optimiser state exists from here on, as in a captured update
+    batch["reward"][0, 2] = float("nan")  # a skipped step is decided on the device too
+    with HostReads() as probe:
+        metrics = agent.train_step(batch)
+    assert not probe.seen, "host reads in the update:\n" + "\n".join(
+        f"{k}:\n{v}" for k, v in probe.seen.items())
+    assert float(metrics["train/nonfinite_steps"]) == 1  # the world model's step only
+
+
+def test_with_resets_every_step_the_update_is_the_same(monkeypatch):
+    """`skip_resets` (CPU) skips arithmetic only where no row starts: same losses either way."""
+    deterministic_sampling(monkeypatch.setattr)
+    out = []
+    for skip in (True, False):
+        agent, batch = _agent()
+        agent.wm.skip_resets = skip
+        out.append([agent.train(batch) for _ in range(2)])
+    for a, b in zip(*out):
+        for k in a:
+            assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-7), k
+
+
+def _state(agent):
+    tensors = [t for m in agent.modules().values() for t in m.state_dict().values()]
+    for o in agent.optimizers().values():
+        tensors += [v for st in o.state.values() for v in st.values() if torch.is_tensor(v)]
+    return tensors
+
+
+@pytest.mark.parametrize("before", [0, 1])  # a fresh agent; one with optimiser state
+def test_restore_undoes_warmup_updates_exactly(monkeypatch, before):
+    deterministic_sampling(monkeypatch.setattr)
+    warmed, batch = _agent()
+    plain, _ = _agent()
+    for _ in range(before):
+        warmed.train_step(batch)
+        plain.train_step(batch)
+    saved = snapshot(warmed)
+    tensors = _state(warmed)
+    for _ in range(3):  # what a capture's warm-up does
+        warmed._update(batch)
+    restore(warmed, saved)
+    ptrs = [t.data_ptr() for t in _state(warmed)]
+    assert ptrs[:len(tensors)] == [t.data_ptr() for t in tensors]  # the same memory, in place
+    m_warmed, m_plain = warmed.train(batch), plain.train(batch)
+    assert m_warmed == m_plain
+    for a, b in zip(_state(warmed), _state(plain)):
+        assert torch.equal(a, b)
+
+
+def test_cuda_graph_needs_a_cuda_device():
+    with pytest.raises(ConfigError, match="train.cuda_graph=true needs a CUDA device"):
+        make_config("default", train={"cuda_graph": True}, run={"device": "cpu"})
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        _agent(cuda_graph=True)
+
+
+# --------------------------------------------------------------------------- on a GPU
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("obs", ["vector", "image"])
+@pytest.mark.parametrize("gather", [False, True])
+def test_graphed_updates_equal_eager_updates(monkeypatch, obs, gather):
+    """Same initial parameters, same batches, deterministic sampling: the replayed graph gives
+    the eager update's losses and parameters (float rounding apart: kernels may differ)."""
+    deterministic_sampling(monkeypatch.setattr)
+    torch.backends.cudnn.allow_tf32 = False
+    eager, batch = _agent(obs, device="cuda", onehot_gather=gather)
+    graphed, _ = _agent(obs, device="cuda", onehot_gather=gather, cuda_graph=True)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for i in range(4):
+        b = {**batch, "reward": torch.randn(batch["reward"].shape, device="cuda", generator=g)}
+        m_e, m_g = eager.train(b), graphed.train(b)
+        for k in m_e:
+            assert m_g[k] == pytest.approx(m_e[k], rel=1e-3, abs=1e-5), (i, k)
+    assert graphed.updates == eager.updates == 4
+    for a, b in zip(_state(eager), _state(graphed)):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
+@cuda
+@pytest.mark.parametrize("gather", [False, True])
+def test_graphed_update_skips_a_nonfinite_batch_and_checks_shapes(gather):
+    agent, batch = _agent(device="cuda", cuda_graph=True, onehot_gather=gather)
+    agent.train(batch)
+    before = [t.clone() for t in _state(agent)]
+    bad = {**batch, "obs": {"vector": batch["obs"]["vector"].clone()}}
+    bad["obs"]["vector"][0, 1, 0] = float("inf")
+    assert agent.train(bad)["train/nonfinite_steps"] == 3
+    for a, b in zip(_state(agent), before):
+        assert torch.equal(a, b)
+    assert agent.train(batch)["train/nonfinite_steps"] == 0
+    assert not all(torch.equal(a, b) for a, b in zip(_state(agent), before))
+    short = {k: (v if k == "obs" else v[:, :4]) for k, v in batch.items()}
+    short["obs"] = {"vector": batch["obs"]["vector"][:, :4]}
+    with pytest.raises(ValueError, match="replays one batch shape"):
+        agent.train(short)
