@@ -72,6 +72,7 @@ def batch_for(obs_spec: ObsSpec, act_spec: ActionSpec, B: int, T: int, device) -
     batch = {"obs": obs, "action": action, "reward": torch.randn(B, T, generator=g),
              "is_first": torch.rand(B, T, generator=g) < 0.01,
              "is_terminal": torch.rand(B, T, generator=g) < 0.01}
+    batch["is_last"] = batch["is_terminal"].clone()
     move = lambda x: x.to(device)  # noqa: E731
     batch["obs"] = {k: move(v) for k, v in batch["obs"].items()}
     return {k: (v if k == "obs" else move(v)) for k, v in batch.items()}

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .behavior import (Actor, Critic, ReturnNorm, actor_loss, critic_loss, imagined_weights,
-                       lambda_return)
+                       lambda_return, replay_critic_loss, replay_lambda_return)
 from .config import Config
 from .envs.spaces import ActionSpec, ObsSpec
 from .world_model import State, WorldModel
@@ -231,6 +231,15 @@ class Agent:
         # 5. Critic on detached imagined states, then its slow copy.
         with self.autocast():  # the slow critic's forward pass; the loss itself is fp32
             c_loss, c_metrics = critic_loss(critic, critic_logits, feat[:-1], ret, weight, t)
+            if t.replay_value_scale > 0:  # Nature recipe: also on the replayed windows
+                B, T = batch["reward"].shape
+                rep_ret = replay_lambda_return(batch["reward"].float(), batch["is_last"],
+                                               batch["is_terminal"],
+                                               ret[0].detach().reshape(B, T), t.gamma, t.lam)
+                r_loss, r_metrics = replay_critic_loss(critic, out["feat"], rep_ret,
+                                                       batch["is_last"], t)
+                c_loss = c_loss + t.replay_value_scale * r_loss
+                c_metrics.update(r_metrics)
         metrics.update(c_metrics)
         metrics["critic/grad_norm"], critic_ok = self._step(self.opt_critic, c_loss,
                                                             critic.net.parameters(), t.critic_clip)

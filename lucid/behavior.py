@@ -27,6 +27,27 @@ def lambda_return(reward: torch.Tensor, cont: torch.Tensor, value: torch.Tensor,
     return torch.stack(out[::-1][:-1])
 
 
+def replay_lambda_return(reward: torch.Tensor, last: torch.Tensor, terminal: torch.Tensor,
+                         boot: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+    """λ-returns along replayed (B, T) windows for the replay value loss of the Nature (2025)
+    recipe: real rewards, bootstrapped from `boot`, the imagined λ-return from each replayed
+    step. Returns (B, T-1) for steps 0..T-2:
+
+        R_{T-1} = boot_{T-1},
+        R_t = r_{t+1} + γ (1 - term_{t+1}) ((1 - λ'_{t+1}) boot_{t+1} + λ' R_{t+1}),
+        λ'_{t+1} = λ (1 - last_{t+1}),
+
+    so the step that ends an episode is bootstrapped whole (from nothing if it is terminal).
+    R_t at a step t that ends an episode would mix two episodes: the loss weights it 0."""
+    live = gamma * (1.0 - terminal[:, 1:].to(reward.dtype))
+    cont = lam * (1.0 - last[:, 1:].to(reward.dtype))
+    inter = reward[:, 1:] + live * (1.0 - cont) * boot[:, 1:]
+    out = [boot[:, -1]]
+    for t in reversed(range(live.shape[1])):
+        out.append(inter[:, t] + live[:, t] * cont[:, t] * out[-1])
+    return torch.stack(out[::-1][:-1], 1)
+
+
 def imagined_weights(cont: torch.Tensor, gamma: float) -> torch.Tensor:
     """Loss weights of imagined steps: the discounted cumulative product of predicted
     continues, w_t = prod_{i<=t} (γ c_i) / γ, so w_0 = c_0 (0 if the start was terminal)."""
@@ -173,3 +194,19 @@ def critic_loss(critic: Critic, logits: torch.Tensor, feat: torch.Tensor, ret: t
     loss = (weight[:-1].detach() * (l_ret + tcfg.slow_critic_reg * l_reg)).mean()
     return loss, {"critic/loss": loss, "critic/return_loss": l_ret.mean(),
                   "critic/slow_reg": l_reg.mean()}
+
+
+def replay_critic_loss(critic: Critic, feat: torch.Tensor, ret: torch.Tensor,
+                       last: torch.Tensor, tcfg: TrainConfig):
+    """The Nature recipe's replay value loss: the critic at the replayed posterior states
+    `feat` (B, T, F; no gradient into the world model) toward the replayed λ-returns `ret`
+    (B, T-1) and toward the slow critic, at steps 0..T-2 that do not end an episode."""
+    feat = feat[:, :-1].detach()
+    logp = critic.twohot.log_probs(critic(feat))
+    with torch.no_grad():
+        slow = critic.value(feat, slow=True)
+    weight = 1.0 - last[:, :-1].float()
+    l_ret = critic.twohot.nll(logp, ret.detach())
+    l_reg = critic.twohot.nll(logp, slow)
+    loss = (weight * (l_ret + tcfg.slow_critic_reg * l_reg)).mean()
+    return loss, {"critic/replay_loss": loss}

@@ -109,6 +109,7 @@ class TrainConfig:
     entropy: float = 3e-4
     slow_critic_fraction: float = 0.02
     slow_critic_reg: float = 1.0
+    replay_value_scale: float = 0.0  # critic loss on replayed λ-returns (0: 2023; Nature: 0.3)
     return_norm_decay: float = 0.99
     return_norm_low: float = 5.0  # percentile
     return_norm_high: float = 95.0  # percentile
@@ -194,7 +195,8 @@ _CPU_RECIPE: dict[str, Any] = {
     "env": {"num_envs": 1},
     "model": {"size": "mini"},
     "train": {"batch_size": 8, "batch_length": 32, "train_ratio": 32, "prefill": 1000,
-              "model_lr": 3e-4, "actor_lr": 3e-4, "critic_lr": 3e-4},
+              "model_lr": 3e-4, "actor_lr": 3e-4, "critic_lr": 3e-4,
+              "replay_value_scale": 0.3},
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -207,8 +209,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "dmc-vision": {"model": {"size": "S"}, "train": {"train_ratio": 512}},
     "crafter": {"model": {"size": "XL"}, "train": {"train_ratio": 512}},
     # Measured to learn small control tasks fastest on a 2-core CPU (see docs/presets.md):
-    # the paper's algorithm with a small model, shorter windows, a lower train ratio and
-    # 3x (world model) / 10x (actor, critic) the paper's learning rates.
+    # the paper's algorithm with a small model, shorter windows, a lower train ratio,
+    # 3x (world model) / 10x (actor, critic) the paper's learning rates and the Nature
+    # recipe's replay value loss (weight 0.3).
     "cpu-control": {**_CPU_RECIPE, "run": {"steps": 30_000}},
     # The same recipe for small pixel tasks (64x64 images, e.g. minigrid:Empty-5x5) on a CPU.
     "cpu-pixels": {**_CPU_RECIPE, "run": {"steps": 100_000}},
@@ -304,6 +307,7 @@ def validate(cfg: Config) -> None:
         (t.horizon >= 1, "train.horizon must be >= 1"),
         (0 < t.gamma <= 1 and 0 <= t.lam <= 1, "train.gamma in (0, 1] and train.lam in [0, 1]"),
         (t.train_ratio > 0, "train.train_ratio must be > 0"),
+        (t.replay_value_scale >= 0, "train.replay_value_scale must be >= 0"),
         (t.replay_capacity >= t.batch_length * cfg.env.num_envs,
          "train.replay_capacity must hold at least one batch_length window per env"),
         (t.continuous_grad in ("dynamics", "reinforce"),

@@ -44,6 +44,7 @@ def random_batch(act: ActionSpec, B=3, T=6, seed=0, obs_dim=4):
         "reward": torch.randn(B, T, generator=g),
         "is_first": is_first,
         "is_terminal": is_terminal,
+        "is_last": is_terminal.clone(),
     }
 
 
@@ -463,13 +464,15 @@ def test_world_model_loss_grads_reach_only_world_model():
     assert all(p.grad is not None for p in agent.wm.parameters())
 
 
+@pytest.mark.parametrize("replay_value", [0.0, 0.3], ids=["2023", "replay-value"])
 @pytest.mark.parametrize("act", [DISCRETE, BOX], ids=["discrete", "box"])
-def test_each_loss_reaches_only_its_component(act):
+def test_each_loss_reaches_only_its_component(act, replay_value):
     """Count the gradient accumulations into every parameter during one Agent.train: each
     world-model, actor and critic parameter must receive exactly one (from its own loss).
     A second one would mean the actor's loss (backprop through the dynamics for Box) or the
-    critic's loss leaked into another component."""
-    agent = make_agent(act, seed=1)
+    critic's loss (also on the replayed states, with the replay value loss) leaked into
+    another component."""
+    agent = make_agent(act, seed=1, replay_value_scale=replay_value)
     randomise_heads(agent)
     counts = {}
     handles = []
@@ -482,7 +485,8 @@ def test_each_loss_reaches_only_its_component(act):
             def hook(_, key=key):
                 counts[key] += 1
             handles.append(p.register_post_accumulate_grad_hook(hook))
-    agent.train(random_batch(act, seed=7))
+    metrics = agent.train(random_batch(act, seed=7))
+    assert ("critic/replay_loss" in metrics) == (replay_value > 0)
     for h in handles:
         h.remove()
     assert counts and all(c == 1 for c in counts.values()), {k: c for k, c in counts.items()

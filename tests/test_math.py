@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lucid.behavior import ReturnNorm, imagined_weights, lambda_return
+from lucid.behavior import ReturnNorm, imagined_weights, lambda_return, replay_lambda_return
 from lucid.nets import (LN_EPS, ImageDecoder, ImageEncoder, NormGRUCell, TwoHot,
                         categorical_kl, onehot_sample, symexp, symlog, unimix_logits)
 
@@ -375,6 +375,58 @@ def test_lambda_return_limits():
     # λ = 0: one-step TD targets
     td = r[1:] + gamma * c[1:] * v[1:]
     np.testing.assert_allclose(lambda_return(*args, gamma, 0.0).numpy(), td, rtol=1e-12)
+
+
+def _forward_sum_replay_return(r, last, term, boot, gamma, lam):
+    """Replay λ-returns as explicit forward sums over the n-step returns they mix: from step t,
+    step k > t contributes its reward and, with weight (1 - λ_k), the bootstrap boot_k, each
+    discounted by the product of γ (1 - term_j) λ_j over the steps t < j < k; λ_k is λ except 0
+    where step k ends an episode or the window (full bootstrap there)."""
+    B, T = r.shape
+    out = np.zeros((B, T - 1))
+    for b in range(B):
+        for t in range(T - 1):
+            disc, total = 1.0, 0.0
+            for k in range(t + 1, T):
+                lam_k = 0.0 if (last[b, k] or k == T - 1) else lam
+                live = gamma * (1.0 - term[b, k])
+                total += disc * (r[b, k] + live * (1.0 - lam_k) * boot[b, k])
+                disc *= live * lam_k
+                if disc == 0.0:
+                    break
+            out[b, t] = total
+    return out
+
+
+@pytest.mark.parametrize("gamma,lam", [(0.997, 0.95), (0.9, 0.5), (1.0, 1.0)])
+def test_replay_lambda_return_matches_forward_sums(gamma, lam):
+    rng = np.random.default_rng(11)
+    B, T = 4, 9
+    r = rng.normal(size=(B, T))
+    boot = rng.normal(0, 5, size=(B, T))
+    last = np.zeros((B, T), bool)
+    term = np.zeros((B, T), bool)
+    last[1, 4] = term[1, 4] = True  # an episode that terminates inside the window
+    last[2, 6] = True  # one cut by a time limit (bootstrapped, not terminal)
+    last[3, 2] = term[3, 2] = last[3, 7] = True
+    got = replay_lambda_return(*(torch.tensor(x) for x in (r, last, term, boot)), gamma, lam)
+    assert got.shape == (B, T - 1)
+    np.testing.assert_allclose(got.numpy(), _forward_sum_replay_return(r, last, term, boot,
+                                                                      gamma, lam), rtol=1e-12)
+
+
+def test_replay_lambda_return_hand_worked():
+    # γ = λ = 0.5, T = 4, rewards r = (9, 1, 2, 4) (r_0 is never used), boot = (100, 10, 20, 40).
+    #   R3 = boot3 = 40; R2 = r3 + γ (λ/2 mix) = 4 + 0.5 (0.5 * 40 + 0.5 * 40) = 24
+    #   R1 = r2 + γ ((1-λ) boot2 + λ R2) = 2 + 0.5 (10 + 12) = 13
+    #   R0 = 1 + 0.5 (0.5 * 10 + 0.5 * 13) = 6.75
+    # Row 2: step 2 is terminal (and last): R1 = r2 = 2, R0 = 1 + 0.5 (5 + 1) = 4,
+    #   R2 = r3 + γ boot3 = 24 (mixes episodes: the loss weights it 0).
+    r = torch.tensor([[9.0, 1.0, 2.0, 4.0]] * 2, dtype=F64)
+    boot = torch.tensor([[100.0, 10.0, 20.0, 40.0]] * 2, dtype=F64)
+    last = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 0]], dtype=torch.bool)
+    got = replay_lambda_return(r, last, last, boot, 0.5, 0.5).numpy()
+    np.testing.assert_allclose(got, [[6.75, 13.0, 24.0], [4.0, 2.0, 24.0]], rtol=1e-15)
 
 
 def test_imagined_weights_loop():
