@@ -94,6 +94,10 @@ def count_flops(agent: Agent, batch: dict) -> int:
     return int(counter.get_total_flops())
 
 
+def mode_name(compiled: bool, cuda_graph: bool) -> str:
+    return ("compiled" if compiled else "eager") + ("+graph" if cuda_graph else "")
+
+
 def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
           horizon: int | None = None, precision: str = "fp32",
           overrides: list[str] | None = None) -> dict:
@@ -127,8 +131,7 @@ def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
     med = statistics.median(times)
     return {"size": size, "obs": obs, "action": action, "B": B, "T": T,
             "horizon": cfg.train.horizon, "device": str(device),
-            "mode": ("compiled" if compile_ else "eager") + ("+graph" if cfg.train.cuda_graph
-                                                             else ""),
+            "mode": mode_name(compile_, cfg.train.cuda_graph),
             "precision": precision,
             "ms_median": 1e3 * med, "ms_min": 1e3 * min(times), "ms_max": 1e3 * max(times),
             "first_s": first_s, "updates_per_s": 1 / med, "replayed_steps_per_s": B * T / med,
@@ -196,6 +199,7 @@ def main(argv=None):
                   device, a.compile, a.horizon or None, a.precision[0], a.set)
         print(json.dumps(r))
         return
+    graph = make_config("default", a.set or None).train.cuda_graph  # for the mode column
 
     peaks = {}
     for prec in a.precision if a.peak_n else []:
@@ -218,8 +222,7 @@ def main(argv=None):
             for action in a.action:
                 for prec in a.precision:
                     for comp in modes:
-                        mode = ("compiled" if comp else "eager") + (
-                            "+graph" if "train.cuda_graph=true" in (a.set or []) else "")
+                        mode = mode_name(comp, graph)
                         head = f"{size:>5} {obs:>6} {action:>10} {mode:>14} {prec:>4}"
                         left = a.deadline - time.time() if a.deadline else None
                         if left is not None and left < 10:

@@ -182,16 +182,24 @@ def actor_loss(actor: Actor, params, action: torch.Tensor, ret: torch.Tensor,
                   "actor/advantage_mag": adv.detach().abs().mean()}
 
 
-def critic_loss(critic: Critic, logits: torch.Tensor, feat: torch.Tensor, ret: torch.Tensor,
+def _value_loss(critic: Critic, logits: torch.Tensor, feat: torch.Tensor, ret: torch.Tensor,
                 weight: torch.Tensor, tcfg: TrainConfig):
-    """Two-hot cross-entropy of the critic's `logits` at imagined steps 0..H-1 toward
-    symlog(R), plus the same toward the slow critic's mean at `feat` (regulariser)."""
+    """Weighted mean of the two-hot cross-entropy of the critic's `logits` toward symlog(ret)
+    plus the same toward the slow critic's mean at `feat`; also returns both terms."""
     with torch.no_grad():
         slow = critic.value(feat.detach(), slow=True)
     logp = critic.twohot.log_probs(logits)  # once for both targets
     l_ret = critic.twohot.nll(logp, ret.detach())
     l_reg = critic.twohot.nll(logp, slow)
-    loss = (weight[:-1].detach() * (l_ret + tcfg.slow_critic_reg * l_reg)).mean()
+    loss = (weight.detach() * (l_ret + tcfg.slow_critic_reg * l_reg)).mean()
+    return loss, l_ret, l_reg
+
+
+def critic_loss(critic: Critic, logits: torch.Tensor, feat: torch.Tensor, ret: torch.Tensor,
+                weight: torch.Tensor, tcfg: TrainConfig):
+    """Two-hot cross-entropy of the critic's `logits` at imagined steps 0..H-1 toward
+    symlog(R), plus the same toward the slow critic's mean at `feat` (regulariser)."""
+    loss, l_ret, l_reg = _value_loss(critic, logits, feat, ret, weight[:-1], tcfg)
     return loss, {"critic/loss": loss, "critic/return_loss": l_ret.mean(),
                   "critic/slow_reg": l_reg.mean()}
 
@@ -202,11 +210,5 @@ def replay_critic_loss(critic: Critic, feat: torch.Tensor, ret: torch.Tensor,
     `feat` (B, T, F; no gradient into the world model) toward the replayed λ-returns `ret`
     (B, T-1) and toward the slow critic, at steps 0..T-2 that do not end an episode."""
     feat = feat[:, :-1].detach()
-    logp = critic.twohot.log_probs(critic(feat))
-    with torch.no_grad():
-        slow = critic.value(feat, slow=True)
-    weight = 1.0 - last[:, :-1].float()
-    l_ret = critic.twohot.nll(logp, ret.detach())
-    l_reg = critic.twohot.nll(logp, slow)
-    loss = (weight * (l_ret + tcfg.slow_critic_reg * l_reg)).mean()
+    loss, _, _ = _value_loss(critic, critic(feat), feat, ret, 1.0 - last[:, :-1].float(), tcfg)
     return loss, {"critic/replay_loss": loss}
