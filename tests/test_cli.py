@@ -35,3 +35,19 @@ def test_train_then_eval_then_resume(tmp_path):
     assert r.exit_code == 0, r.output
     last = json.loads((tmp_path / "metrics.jsonl").read_text().strip().splitlines()[-1])
     assert last["env_steps"] == 60
+
+
+def test_paper_cartpole_preset_runs_at_its_size_and_train_ratio(tmp_path):
+    """The paper-faithful CartPole setting (XS, B=16, T=64, train ratio 1024: one update per
+    env step) trains through the CLI; only the random prefill is shortened."""
+    args = ["train", "CartPole-v1", "--preset", "paper-cartpole", "--steps", "68",
+            "--run-dir", str(tmp_path), "train.prefill=64", "run.progress=false",
+            "run.logger=none", "run.videos=false"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    cfg = (tmp_path / "config.yaml").read_text()
+    assert "size: XS" in cfg and "train_ratio: 1024" in cfg and "batch_length: 64" in cfg
+    last = json.loads((tmp_path / "metrics.jsonl").read_text().strip().splitlines()[-1])
+    assert last["env_steps"] == 68
+    assert last["updates"] == 68 - 64  # 1024 replayed steps per env step = B * T per update
+    assert all(v == v for v in last.values() if isinstance(v, float))  # no NaN in the metrics
