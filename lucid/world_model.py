@@ -151,7 +151,23 @@ class WorldModel(nn.Module):
         return self._latent_logp(self.prior_out(self.prior_mlp(h)))
 
     def post_logp(self, h: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
-        return self._latent_logp(self.post_out(self.post_mlp(torch.cat([embed, h], -1))))
+        """q(z | h, e): a dense layer over [e, h], its norm and activation, then the
+        representation layer."""
+        first, rest = self.post_mlp.net[0], self.post_mlp.net[1:]
+        return self._latent_logp(self.post_out(rest(first(torch.cat([embed, h], -1)))))
+
+    def post_split(self, embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The posterior's first layer is linear in [e, h]: W [e, h] = W_e e + W_h h. Returns
+        W_e e for every step of `embed` at once (one large matmul instead of one per step)
+        and W_h, for `post_logp_split`."""
+        w_e, w_h = self.post_mlp.net[0].weight.split([embed.shape[-1], self.D], 1)
+        return F.linear(embed, w_e), w_h
+
+    def post_logp_split(self, h: torch.Tensor, e_part: torch.Tensor, w_h: torch.Tensor
+                        ) -> torch.Tensor:
+        """`post_logp(h, e)` from e_part = W_e e and W_h (`post_split`)."""
+        rest = self.post_mlp.net[1:]
+        return self._latent_logp(self.post_out(rest(e_part + F.linear(h, w_h))))
 
     def sequence(self, h: torch.Tensor, z: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """h' = GRU(dense([z, a]), h); z one-hot (N, G, K) or class indices (N, G)."""
@@ -178,15 +194,17 @@ class WorldModel(nn.Module):
         )
 
     def obs_step(self, state: State, embed: torch.Tensor, is_first: torch.Tensor | None,
-                 sample: bool = True, init: State | None = None
-                 ) -> tuple[State, torch.Tensor, torch.Tensor]:
+                 sample: bool = True, init: State | None = None,
+                 w_h: torch.Tensor | None = None) -> tuple[State, torch.Tensor, torch.Tensor]:
         """One filtering step: reset, h = f(h, z, a), z ~ q(z | h, embed). Returns the new state
         (its action slot still holds the previous action), and the posterior log-probs.
-        `is_first=None` means no row starts an episode (the reset is skipped)."""
+        `is_first=None` means no row starts an episode (the reset is skipped). With `w_h`,
+        `embed` is the embedding's share W_e e of the posterior's first layer (`post_split`)."""
         if is_first is not None:
             state = self.reset_where(state, is_first, init)
         h = self.sequence(state.h, state.z, state.action)
-        logp = self.post_logp(h, embed)
+        logp = (self.post_logp(h, embed) if w_h is None
+                else self.post_logp_split(h, embed, w_h))
         z = onehot_sample(logp) if sample else onehot_mode(logp)
         return State(h, z, state.action), logp, h
 
@@ -208,13 +226,19 @@ class WorldModel(nn.Module):
         # Skip the reset arithmetic at steps where no row starts an episode: that reads the
         # flags back to the host, free on CPU; on GPUs (`skip_resets` off) every step resets.
         resets = is_first.any(0).tolist() if self.skip_resets else [True] * T
+        # The embedding's share of the posterior for all B·T steps in one matmul, split into
+        # steps with one op: indexing e_part[:, t] per step would cost a zeroed (B, T, U)
+        # gradient per step in backward.
+        e_part, w_h = self.post_split(embed)
+        e_steps, actions = e_part.unbind(1), action.unbind(1)
         for t in range(T):
-            state, logp, h = self.obs_step(state, embed[:, t],
-                                           is_first[:, t] if resets[t] else None, init=init)
+            state, logp, h = self.obs_step(state, e_steps[t],
+                                           is_first[:, t] if resets[t] else None, init=init,
+                                           w_h=w_h)
             hs.append(h)
             zs.append(state.z)
             post.append(logp)
-            state = State(h, state.z, action[:, t])
+            state = State(h, state.z, actions[t])
         h = torch.stack(hs, 1)
         prior = self.prior_logp(h)  # all priors in one batched call
         return h, torch.stack(zs, 1), torch.stack(post, 1), prior, state

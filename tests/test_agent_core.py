@@ -119,6 +119,24 @@ def test_observe_reset_mid_row_equals_fresh_start():
         assert torch.equal(init.action, torch.zeros(1, 2))
 
 
+def test_posterior_split_over_embedding_and_h_is_the_same_function_and_gradient():
+    """observe() computes W_e e for all steps at once and W_h h per step: the posterior
+    log-probs and every gradient equal those of the dense layer over [e, h]."""
+    torch.manual_seed(0)
+    wm = WorldModel(VEC, 2, cfg("micro").model)
+    embed = torch.randn(5, wm.encoder.out_dim, requires_grad=True)
+    h = torch.randn(5, wm.D, requires_grad=True)
+    w = torch.randn(5, wm.G, wm.K)  # a random linear function of the log-probs
+    params = [embed, h, *wm.post_mlp.parameters(), *wm.post_out.parameters()]
+    whole = wm.post_logp(h, embed)
+    grads_whole = torch.autograd.grad((whole * w).sum(), params)
+    split = wm.post_logp_split(h, *wm.post_split(embed))
+    grads_split = torch.autograd.grad((split * w).sum(), params)
+    torch.testing.assert_close(split, whole, atol=1e-5, rtol=1e-5)
+    for a, b in zip(grads_split, grads_whole):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_observe_reset_whole_suffix_matches_fresh_row():
     torch.manual_seed(1)
     wm = WorldModel(VEC, 2, cfg("micro", model={"unimix": 0.0}).model)
