@@ -34,7 +34,7 @@ from _peer_setup import PEERS, ensure, python_of  # noqa: E402
 from common import machine, write_json  # noqa: E402
 
 sys.path.insert(0, str(HERE.parent))
-from lucid.system import MMAP_THRESHOLD, TRIM_THRESHOLD  # noqa: E402
+from lucid.system import MMAP_MAX, TRIM_THRESHOLD  # noqa: E402
 
 
 def last_json(text: str) -> dict | None:
@@ -73,7 +73,7 @@ def measure(who: str, size: str, obs: str, a, threads: int) -> dict:
         cmd = [str(python_of(who)), str(HERE / f"_peer_{who}.py"), *common]
     env = None
     if who != "lucid" and a.peer_malloc == "tuned":  # lucid/system.py's thresholds, by env
-        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD),
+        env = dict(os.environ, MALLOC_MMAP_MAX_=str(MMAP_MAX),
                    MALLOC_TRIM_THRESHOLD_=str(TRIM_THRESHOLD))
     return run_child(cmd, a.timeout, env)
 

@@ -148,7 +148,7 @@ class RunConfig:
     video_every: int = 0  # env steps between eval + dream videos in TensorBoard (0 = never)
     videos: bool = True  # `lucid train` ends with curves.png, videos and report.html
     threads: int = 0  # torch CPU threads (0 = torch's default)
-    tune_malloc: bool = True  # glibc keeps freed blocks <= 32 MB for reuse (lucid/system.py)
+    tune_malloc: bool = True  # glibc serves every block from its heap, reused (lucid/system.py)
     progress: bool = True
     time_limit: float = 0.0  # minutes of wall time, then stop with a checkpoint (0 = none)
     target_return: Optional[float] = None  # stop once the mean of the last 10 returns reaches it

@@ -1,11 +1,14 @@
 """Process-wide settings that make the CPU update faster without touching its maths.
 
-glibc's malloc hands every block above a moving threshold (128 KB at start) to `mmap` and
-gives it back with `munmap` when it is freed. An update allocates and frees hundreds of such
-blocks (activations of 4,096 imagined states, 255-bin logits), so every update pays the
-kernel for fresh zeroed pages on first touch: about 15% of a `mini` update on this CPU
-(docs/performance.md). `tune_malloc` keeps blocks up to 32 MB in malloc's own heap, where
-freed memory is reused, and returns free heap memory to the OS only above 256 MB.
+glibc's malloc hands every block above a moving threshold (128 KB at start, 32 MB at most)
+to `mmap` and gives it back with `munmap` when it is freed. An update allocates and frees
+hundreds of such blocks (activations of 4,096 imagined states, 255-bin logits, 134 MB
+feature maps of 1,024 images at S), so every update pays the kernel for fresh zeroed pages on
+first touch: about 15% of a `mini` update and 20-25% of an XS or S image update on this CPU
+(~800,000 minor page faults per S image update; docs/performance.md). `tune_malloc` turns
+`mmap` off for malloc, so every block lives in malloc's own heap where freed memory is reused,
+and returns free memory at the top of the heap to the OS only above 1 GB. The cost: the
+process keeps the memory of its largest update (+10-20% peak RSS at XS and S image).
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ import ctypes.util
 import sys
 
 # mallopt(3) parameters.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value on 64-bit (HEAP_MAX_SIZE / 2)
-TRIM_THRESHOLD = 256 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+MMAP_MAX = 0  # no block is served by mmap, however large
+TRIM_THRESHOLD = 1 << 30
 
 _tuned = False
 
@@ -36,6 +39,6 @@ def tune_malloc() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    _tuned = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+    _tuned = bool(mallopt(_M_MMAP_MAX, MMAP_MAX)) and bool(
         mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     return _tuned
