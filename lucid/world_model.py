@@ -153,20 +153,19 @@ class WorldModel(nn.Module):
     def post_logp(self, h: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
         """q(z | h, e): a dense layer over [e, h], its norm and activation, then the
         representation layer."""
-        first, rest = self.post_mlp.net[0], self.post_mlp.net[1:]
-        return self._latent_logp(self.post_out(rest(first(torch.cat([embed, h], -1)))))
+        return self.post_logp_split(h, *self.post_split(embed))
 
     def post_split(self, embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The posterior's first layer is linear in [e, h]: W [e, h] = W_e e + W_h h. Returns
-        W_e e for every step of `embed` at once (one large matmul instead of one per step)
-        and W_h, for `post_logp_split`."""
+        W_e e for every step of `embed` at once (`observe`: one large matmul instead of one
+        per step) and W_h, for `post_logp_split`."""
         w_e, w_h = self.post_mlp.net[0].weight.split([embed.shape[-1], self.D], 1)
         return F.linear(embed, w_e), w_h
 
     def post_logp_split(self, h: torch.Tensor, e_part: torch.Tensor, w_h: torch.Tensor
                         ) -> torch.Tensor:
         """`post_logp(h, e)` from e_part = W_e e and W_h (`post_split`)."""
-        rest = self.post_mlp.net[1:]
+        rest = self.post_mlp.net[1:]  # the first layer's norm and activation
         return self._latent_logp(self.post_out(rest(e_part + F.linear(h, w_h))))
 
     def sequence(self, h: torch.Tensor, z: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
@@ -203,8 +202,9 @@ class WorldModel(nn.Module):
         if is_first is not None:
             state = self.reset_where(state, is_first, init)
         h = self.sequence(state.h, state.z, state.action)
-        logp = (self.post_logp(h, embed) if w_h is None
-                else self.post_logp_split(h, embed, w_h))
+        if w_h is None:
+            embed, w_h = self.post_split(embed)
+        logp = self.post_logp_split(h, embed, w_h)
         z = onehot_sample(logp) if sample else onehot_mode(logp)
         return State(h, z, state.action), logp, h
 

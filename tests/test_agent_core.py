@@ -120,17 +120,17 @@ def test_observe_reset_mid_row_equals_fresh_start():
 
 
 def test_posterior_split_over_embedding_and_h_is_the_same_function_and_gradient():
-    """observe() computes W_e e for all steps at once and W_h h per step: the posterior
-    log-probs and every gradient equal those of the dense layer over [e, h]."""
+    """The posterior computes W_e e (for all steps at once in observe) and W_h h apart: its
+    log-probs and every gradient equal those of the MLP applied to [e, h]."""
     torch.manual_seed(0)
     wm = WorldModel(VEC, 2, cfg("micro").model)
     embed = torch.randn(5, wm.encoder.out_dim, requires_grad=True)
     h = torch.randn(5, wm.D, requires_grad=True)
     w = torch.randn(5, wm.G, wm.K)  # a random linear function of the log-probs
     params = [embed, h, *wm.post_mlp.parameters(), *wm.post_out.parameters()]
-    whole = wm.post_logp(h, embed)
+    whole = wm._latent_logp(wm.post_out(wm.post_mlp(torch.cat([embed, h], -1))))
     grads_whole = torch.autograd.grad((whole * w).sum(), params)
-    split = wm.post_logp_split(h, *wm.post_split(embed))
+    split = wm.post_logp(h, embed)
     grads_split = torch.autograd.grad((split * w).sum(), params)
     torch.testing.assert_close(split, whole, atol=1e-5, rtol=1e-5)
     for a, b in zip(grads_split, grads_whole):

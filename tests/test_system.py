@@ -42,8 +42,8 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def faults(mode: str) -> tuple[str, float]:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode, str(BENCHMARKS)],
+def faults(mode: str, probe: str = PROBE) -> tuple[str, float]:
+    out = subprocess.run([sys.executable, "-c", probe, mode, str(BENCHMARKS)],
                          capture_output=True, text=True, check=True).stdout.split()
     return out[0], float(out[1])
 
@@ -80,13 +80,8 @@ BIG = textwrap.dedent("""
 
 
 def test_tuned_malloc_keeps_the_pages_of_blocks_above_32_mb():
-    def faults_big(mode):
-        out = subprocess.run([sys.executable, "-c", BIG, mode], capture_output=True, text=True,
-                             check=True).stdout.split()
-        return out[0], float(out[1])
-
-    tuned, with_tuning = faults_big("tuned")
-    _, without = faults_big("default")
+    tuned, with_tuning = faults("tuned", BIG)
+    _, without = faults("default", BIG)
     assert tuned == "True"
     assert without > 60_000, f"3 fresh 128 MB mmaps should fault ~98,000 pages: {without}"
     assert with_tuning < without / 10, (with_tuning, without)
