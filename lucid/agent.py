@@ -87,7 +87,7 @@ class Agent:
         so compiled and eager updates draw the same samples), the losses' reductions and the
         optimisers stay eager. Nothing changes in the maths or in `state_dict` keys."""
         wm = self.wm
-        for name in ("sequence", "prior_logp", "post_logp_split"):  # bound methods -> compiled
+        for name in ("sequence", "prior_logits", "prior_logp", "post_logp_split"):  # compiled
             setattr(wm, name, torch.compile(getattr(wm, name), dynamic=False))
         for m in (wm.encoder, wm.decoder, wm.reward, wm.cont, self.actor.head,
                   self.critic.net, self.critic.slow):

@@ -18,8 +18,8 @@ from torch import nn
 from .config import ModelConfig, TrainConfig
 from .envs.spaces import ObsSpec
 from .nets import (MLP, Head, ImageDecoder, ImageEncoder, NormGRUCell, OneHotCat, TwoHot,
-                   categorical_index, categorical_kl, fp32, linear, onehot_mode, onehot_sample,
-                   symlog, unimix_logits)
+                   categorical_index, categorical_kl, fp32, linear, one_hot, onehot_mode,
+                   onehot_sample, symlog, unimix_logits, unimix_probs)
 
 
 @dataclass
@@ -147,8 +147,13 @@ class WorldModel(nn.Module):
     def _latent_logp(self, x: torch.Tensor) -> torch.Tensor:
         return unimix_logits(x.reshape(*x.shape[:-1], self.G, self.K), self.unimix)
 
+    def prior_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The dynamics predictor's raw logits (..., G, K) from h alone."""
+        x = self.prior_out(self.prior_mlp(h))
+        return x.reshape(*x.shape[:-1], self.G, self.K)
+
     def prior_logp(self, h: torch.Tensor) -> torch.Tensor:
-        return self._latent_logp(self.prior_out(self.prior_mlp(h)))
+        return unimix_logits(self.prior_logits(h), self.unimix)
 
     def post_logp(self, h: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
         """q(z | h, e): a dense layer over [e, h], its norm and activation, then the
@@ -258,8 +263,11 @@ class WorldModel(nn.Module):
             a = policy(feats[-1])
             actions.append(a)
             h = self.sequence(h, z, a)
-            logp = self.prior_logp(h)
-            z = categorical_index(logp) if gather else onehot_sample(logp)
+            if torch.is_grad_enabled():  # gradients through the dynamics: straight-through
+                z = onehot_sample(self.prior_logp(h))
+            else:  # only a sample is needed: from the probabilities, no log-probs
+                z = categorical_index(unimix_probs(self.prior_logits(h), self.unimix))
+                z = z if gather else one_hot(z, self.K, h.dtype)
             feats.append(self.feat(h, z))
         feats = OneHotCat.stack(feats) if gather else torch.stack(feats)
         return feats, torch.stack(actions)

@@ -3,13 +3,12 @@
 import torch
 
 
-def quantile_index(logp):
+def quantile_index(probs):
     """The categorical sampler (nets.categorical_index) with u = 0.5 instead of u ~ U(0, 1)
     per row: every row's sample then depends only on that row, so B rows on each of two ranks
     get exactly the samples the same 2B rows get in one process, and an update reads no random
     numbers (for discrete actions)."""
-    probs = logp.detach().exp()
-    return (torch.cumsum(probs, -1) < 0.5).sum(-1).clamp(max=probs.shape[-1] - 1)
+    return (torch.cumsum(probs.detach(), -1) < 0.5).sum(-1).clamp(max=probs.shape[-1] - 1)
 
 
 def deterministic_sampling(patch=setattr):

@@ -14,7 +14,8 @@ from train_step import batch_for, spaces  # noqa: E402
 
 from lucid.agent import Agent  # noqa: E402
 from lucid.config import make_config  # noqa: E402
-from lucid.nets import Head, ImageEncoder, OneHotCat, linear, linear_in  # noqa: E402
+from lucid.nets import (Head, ImageEncoder, OneHotCat, _GatherSum, linear,  # noqa: E402
+                        linear_in)
 from lucid.world_model import WorldModel  # noqa: E402
 
 
@@ -50,6 +51,24 @@ def test_linear_over_onehot_indices_equals_the_dense_linear(at, bias):
     # Indexing the leading axes and stacking keep the correspondence.
     assert torch.equal(x[1:].to_dense(), full[1:])
     assert torch.equal(OneHotCat.stack([x[0], x[2]]).to_dense(), full[[0, 2]])
+
+
+def test_gathered_sum_gradient_is_the_one_hot_matmul_gradient_and_finite_differences():
+    """The table's gradient (one index_add_ per group) where many rows hit the same class:
+    against the transposed one-hot matrix times the output gradient, and in float64 against
+    finite differences (torch.autograd.gradcheck)."""
+    torch.manual_seed(0)
+    rows, G, K, units = 300, 3, 4, 5
+    idx = torch.randint(0, K, (rows, G)) + torch.arange(0, G * K, K)  # rows per group's block
+    table = torch.randn(G * K, units, requires_grad=True)
+    out = _GatherSum.apply(idx, table)
+    onehot = torch.zeros(rows, G * K).scatter_(1, idx, 1.0)
+    torch.testing.assert_close(out, onehot @ table.detach(), rtol=1e-5, atol=1e-5)
+    g_out = torch.randn(rows, units)
+    (grad,) = torch.autograd.grad(out, table, g_out)
+    torch.testing.assert_close(grad, onehot.t() @ g_out, rtol=1e-5, atol=1e-4)
+    table64 = torch.randn(G * K, units, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: _GatherSum.apply(idx[:20], t), (table64,))
 
 
 def test_heads_accept_onehot_features():

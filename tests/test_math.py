@@ -11,7 +11,8 @@ import torch
 
 from lucid.behavior import ReturnNorm, imagined_weights, lambda_return, replay_lambda_return
 from lucid.nets import (LN_EPS, ImageDecoder, ImageEncoder, NormGRUCell, TwoHot,
-                        categorical_kl, onehot_sample, symexp, symlog, unimix_logits)
+                        categorical_index, categorical_kl, onehot_sample, symexp, symlog,
+                        unimix_logits, unimix_probs)
 
 F64 = torch.float64
 
@@ -219,6 +220,33 @@ def test_unimix_logits(k):
     # no mixing -> plain log-softmax
     np.testing.assert_allclose(unimix_logits(torch.tensor(logits, dtype=F64), 0.0).numpy(),
                                np_log_softmax(logits), atol=1e-12)
+
+
+def test_categorical_index_counts_the_cumulative_probabilities_below_u():
+    """The binary search gives the inverse-CDF sample written out in numpy from the same
+    uniforms: the number of classes whose cumulative probability is below u."""
+    rng = np.random.default_rng(3)
+    probs = np_softmax(rng.normal(0, 3, (500, 4, 9)))
+    probs[:7, :, 2] = 0.0  # zero-probability classes: never drawn
+    probs /= probs.sum(-1, keepdims=True)
+    probs = torch.tensor(probs, dtype=torch.float32)
+    torch.manual_seed(5)
+    got = categorical_index(probs)
+    torch.manual_seed(5)
+    u = torch.rand(500, 4, 1).numpy()
+    ref = (np.cumsum(probs.numpy(), -1) < u).sum(-1).clip(max=8)
+    np.testing.assert_array_equal(got.numpy(), ref)
+    assert got.dtype == torch.int64 and not (got[:7] == 2).any()
+    # u above a total that rounded to below 1 gives the last class, not K
+    short = torch.full((1000, 4), 0.2499)
+    assert categorical_index(short).max() == 3
+
+
+def test_unimix_probs_are_the_exponentiated_logits():
+    logits = torch.randn(64, 4, 8) * 4
+    for unimix in (0.0, 0.01):
+        torch.testing.assert_close(unimix_probs(logits, unimix),
+                                   unimix_logits(logits, unimix).exp(), rtol=1e-6, atol=1e-7)
 
 
 def test_onehot_sample_is_onehot_and_frequencies_match():
