@@ -208,13 +208,14 @@ class Agent:
                     value = critic.value(feat)
             else:
                 # The actor's distributions at steps 0..H-1 (the same function of the same
-                # states that chose the actions) and the critic's logits at 0..H, each in
-                # one batched call instead of one per step.
+                # states that chose the actions) and the critic's logits at 0..H-1, each in
+                # one batched call instead of one per step; step H's value carries no
+                # gradient (a slice of logits at 0..H would cost a zeroed gradient of all).
                 dist = actor.params(feat[:-1])
-                logits = critic(feat)
-                critic_logits = logits[:-1]  # for the critic loss
+                critic_logits = critic(feat[:-1])  # for the critic loss
                 with torch.no_grad():
-                    value = critic.twohot.mean(logits.detach())
+                    value = torch.cat([critic.twohot.mean(critic_logits),
+                                       critic.value(feat[-1:])])
         ret = lambda_return(reward, cont, value, t.gamma, t.lam)  # fp32, outside autocast
         weight = imagined_weights(cont, t.gamma).detach()
         self.retnorm.update(ret if self.gather is None else self.gather(ret.detach()))

@@ -188,9 +188,7 @@ def _value_loss(critic: Critic, logits: torch.Tensor, feat: torch.Tensor, ret: t
     plus the same toward the slow critic's mean at `feat`; also returns both terms."""
     with torch.no_grad():
         slow = critic.value(feat.detach(), slow=True)
-    logp = critic.twohot.log_probs(logits)  # once for both targets
-    l_ret = critic.twohot.nll(logp, ret.detach())
-    l_reg = critic.twohot.nll(logp, slow)
+    l_ret, l_reg = critic.twohot.losses(logits, ret.detach(), slow)  # one pass for both
     loss = (weight.detach() * (l_ret + tcfg.slow_critic_reg * l_reg)).mean()
     return loss, l_ret, l_reg
 

@@ -183,6 +183,32 @@ def test_twohot_loss_gradcheck_and_closed_form():
     np.testing.assert_allclose(g.numpy(), ref, atol=1e-12)
 
 
+def test_twohot_losses_of_several_targets_share_one_pass_and_sum_their_gradients():
+    """`losses(logits, *targets)`: each target's cross-entropy as numpy computes it, and the
+    gradient of a weighted sum of them against finite differences and the closed form
+    sum_k g_k (softmax - twohot_k)."""
+    th = TwoHot(num_bins=11, low=-5.0, high=5.0)
+    bins = np.linspace(-5, 5, 11)
+    torch.manual_seed(1)
+    logits = torch.randn(3, 4, 11, dtype=F64, requires_grad=True)
+    targets = [torch.randn(3, 4, dtype=F64) * 10, torch.randn(3, 4, dtype=F64)]
+    targets[1][0, 0] = 1e9  # beyond the range: the edge bin
+    got = th.losses(logits, *targets)
+    for t, loss in zip(targets, got):
+        ref = -(np_twohot(np_symlog(t.numpy()), bins)
+                * np_log_softmax(logits.detach().numpy())).sum(-1)
+        np.testing.assert_allclose(loss.detach().numpy(), ref, rtol=1e-12, atol=1e-12)
+    g = torch.rand(2, 3, 4, dtype=F64)
+    assert torch.autograd.gradcheck(
+        lambda lg: sum((gk * lk).sum() for gk, lk in zip(g, th.losses(lg, *targets))),
+        (logits,))
+    (grad,) = torch.autograd.grad(sum((gk * lk).sum() for gk, lk in zip(g, got)), logits)
+    soft = np_softmax(logits.detach().numpy())
+    ref = sum(gk.numpy()[..., None] * (soft - np_twohot(np_symlog(t.numpy()), bins))
+              for gk, t in zip(g, targets))
+    np.testing.assert_allclose(grad.numpy(), ref, atol=1e-12)
+
+
 def test_twohot_mean_matches_numpy():
     th = TwoHot()
     rng = np.random.default_rng(3)
