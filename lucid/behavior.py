@@ -102,11 +102,21 @@ class Actor(nn.Module):
         std = (self.max_std - self.min_std) * torch.sigmoid(std + 2.0) + self.min_std
         return torch.tanh(mean), std
 
-    def sample(self, params) -> torch.Tensor:
+    def sample(self, params, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """A sample of π(a | s); `noise` (from `noise`) are its random numbers if drawn
+        beforehand: uniforms (N, groups, 1) for categoricals, normals (N, A) for a Normal."""
         if self.spec.is_discrete:
-            return torch.cat([onehot_sample(lp) for lp in params], -1)
+            return torch.cat([onehot_sample(lp, u=None if noise is None else noise[:, k])
+                              for k, lp in enumerate(params)], -1)
         mean, std = params
-        return mean + std * torch.randn_like(mean)  # reparameterised
+        noise = torch.randn_like(mean) if noise is None else noise
+        return mean + std * noise  # reparameterised
+
+    def noise(self, *shape: int, device=None) -> torch.Tensor:
+        """The random numbers of `sample` for (*shape) rows, drawn in advance."""
+        if self.spec.is_discrete:
+            return torch.rand(*shape, len(self.spec.discrete), 1, device=device)
+        return torch.randn(*shape, self.spec.dim, device=device)
 
     def mode(self, params) -> torch.Tensor:
         if self.spec.is_discrete:

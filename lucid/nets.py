@@ -160,24 +160,32 @@ def one_hot(idx: torch.Tensor, classes: int, dtype: torch.dtype) -> torch.Tensor
     return out.scatter_(-1, idx.unsqueeze(-1), 1.0)
 
 
-def categorical_index(probs: torch.Tensor) -> torch.Tensor:
+def uniform_like(probs: torch.Tensor) -> torch.Tensor:
+    """The uniform numbers u (..., 1) that `categorical_index` draws for `probs` (..., K)."""
+    return torch.rand(*probs.shape[:-1], 1, device=probs.device, dtype=probs.dtype)
+
+
+def categorical_index(probs: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
     """Class index sampled from Categorical(probs) over the last axis, by inverse CDF: the
     first class whose cumulative probability reaches u ~ U(0, 1), i.e. the number of classes
-    whose cumulative probability is below u (a binary search per row)."""
+    whose cumulative probability is below u (a binary search per row). `u` (..., 1) may be
+    drawn beforehand (`uniform_like`): compiled steps take their random numbers as inputs."""
     probs = probs.detach()
-    u = torch.rand(*probs.shape[:-1], 1, device=probs.device, dtype=probs.dtype)
+    u = uniform_like(probs) if u is None else u.to(probs.dtype).contiguous()
     idx = torch.searchsorted(probs.cumsum(-1), u).squeeze(-1)
     return idx.clamp_(max=probs.shape[-1] - 1)  # u above a total that rounded below 1
 
 
-def onehot_sample(logp: torch.Tensor, straight_through: bool = True) -> torch.Tensor:
-    """One-hot sample of Categorical(exp(logp)) over the last axis.
+def onehot_sample(logp: torch.Tensor, straight_through: bool = True,
+                  u: torch.Tensor | None = None) -> torch.Tensor:
+    """One-hot sample of Categorical(exp(logp)) over the last axis (uniforms `u` as in
+    `categorical_index`).
 
     With `straight_through`, the gradient of the sample is the gradient of the probabilities
     (sample + p - sg(p)), as in DreamerV2's algorithm 1.
     """
     probs = logp.exp()
-    idx = categorical_index(probs)
+    idx = categorical_index(probs, u)
     sample = one_hot(idx, probs.shape[-1], probs.dtype)
     if straight_through and probs.requires_grad:  # exact one-hots when no gradient is needed
         sample = sample + probs - probs.detach()
@@ -241,32 +249,54 @@ def linear_in(layer: nn.Linear, x: torch.Tensor | OneHotCat) -> torch.Tensor:
     active = (x.idx + _offsets(G, K, x.idx.device)).reshape(-1, G)  # weight row per group
     table = w[:, at:end].t().contiguous()  # (G*K, units); a strided table gathers slowly
     if table.device.type == "cpu":
-        gathered = _GatherSum.apply(active, table)
+        gathered = gather_sum(active, table)
     else:
         gathered = F.embedding_bag(active, table, mode="sum")
     return out + gathered.reshape(out.shape).to(out.dtype)  # (rows, units) -> out's shape
 
 
-class _GatherSum(torch.autograd.Function):
-    """Row r: sum over groups g of table[idx[r, g]] (embedding_bag's "sum"), with the table's
-    gradient as one index_add_ of the output gradient per group. On CPUs that is 4-8x faster
-    than embedding_bag's own backward, which sorts all rows·G indices: at XXS it took 58 ms
-    per call for the actor's and the critic's first layers over 15,360 imagined states."""
+@torch.library.custom_op("lucid::gather_sum", mutates_args=())
+def gather_sum(idx: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Row r: sum over groups g of table[idx[r, g]] (embedding_bag's "sum"), whose table
+    gradient is one index_add_ of the output gradient per group (`gather_sum_grad`). On
+    CPUs that is 4-8x faster than embedding_bag's own backward, which sorts all rows·G
+    indices: at XXS it took 58 ms per call for the actor's and the critic's first layers
+    over 15,360 imagined states. Both are opaque operators, so `train.compile` calls them
+    as they are instead of lowering the scatter into a slower generated loop."""
+    return F.embedding_bag(idx, table, mode="sum")
 
-    @staticmethod
-    def forward(ctx, idx: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(idx)
-        ctx.rows = table.shape[0]
-        return F.embedding_bag(idx, table, mode="sum")
 
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (idx,) = ctx.saved_tensors
-        grad = grad.contiguous()
-        table_grad = grad.new_zeros(ctx.rows, grad.shape[-1])
-        for column in idx.unbind(-1):
-            table_grad.index_add_(0, column, grad)
-        return None, table_grad
+@gather_sum.register_fake
+def _(idx: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    return table.new_empty(idx.shape[0], table.shape[1])
+
+
+@torch.library.custom_op("lucid::gather_sum_grad", mutates_args=())
+def gather_sum_grad(idx: torch.Tensor, grad: torch.Tensor, rows: int) -> torch.Tensor:
+    grad = grad.contiguous()
+    table_grad = grad.new_zeros(rows, grad.shape[-1])
+    for column in idx.unbind(-1):
+        table_grad.index_add_(0, column, grad)
+    return table_grad
+
+
+@gather_sum_grad.register_fake
+def _(idx: torch.Tensor, grad: torch.Tensor, rows: int) -> torch.Tensor:
+    return grad.new_empty(rows, grad.shape[-1])
+
+
+def _gather_sum_setup(ctx, inputs, output):
+    idx, table = inputs
+    ctx.save_for_backward(idx)
+    ctx.rows = table.shape[0]
+
+
+def _gather_sum_backward(ctx, grad):
+    (idx,) = ctx.saved_tensors
+    return None, gather_sum_grad(idx, grad, ctx.rows)
+
+
+gather_sum.register_autograd(_gather_sum_backward, setup_context=_gather_sum_setup)
 
 
 _OFFSETS: dict[tuple, torch.Tensor] = {}

@@ -199,18 +199,20 @@ class WorldModel(nn.Module):
 
     def obs_step(self, state: State, embed: torch.Tensor, is_first: torch.Tensor | None,
                  sample: bool = True, init: State | None = None,
-                 w_h: torch.Tensor | None = None) -> tuple[State, torch.Tensor, torch.Tensor]:
+                 w_h: torch.Tensor | None = None, u: torch.Tensor | None = None
+                 ) -> tuple[State, torch.Tensor, torch.Tensor]:
         """One filtering step: reset, h = f(h, z, a), z ~ q(z | h, embed). Returns the new state
         (its action slot still holds the previous action), and the posterior log-probs.
         `is_first=None` means no row starts an episode (the reset is skipped). With `w_h`,
-        `embed` is the embedding's share W_e e of the posterior's first layer (`post_split`)."""
+        `embed` is the embedding's share W_e e of the posterior's first layer (`post_split`).
+        `u` (N, G, 1): the sample's uniforms, if drawn beforehand."""
         if is_first is not None:
             state = self.reset_where(state, is_first, init)
         h = self.sequence(state.h, state.z, state.action)
         if w_h is None:
             embed, w_h = self.post_split(embed)
         logp = self.post_logp_split(h, embed, w_h)
-        z = onehot_sample(logp) if sample else onehot_mode(logp)
+        z = onehot_sample(logp, u=u) if sample else onehot_mode(logp)
         return State(h, z, state.action), logp, h
 
     # ------------------------------------------------------------------ sequences
@@ -227,26 +229,53 @@ class WorldModel(nn.Module):
             state = init
             is_first = is_first.clone()
             is_first[:, 0].fill_(True)
-        hs, zs, post = [], [], []
         # Skip the reset arithmetic at steps where no row starts an episode: that reads the
-        # flags back to the host, free on CPU; on GPUs (`skip_resets` off) every step resets.
-        resets = is_first.any(0).tolist() if self.skip_resets else [True] * T
-        # The embedding's share of the posterior for all B·T steps in one matmul, split into
-        # steps with one op: indexing e_part[:, t] per step would cost a zeroed (B, T, U)
-        # gradient per step in backward.
+        # flags back to the host, free on CPU; on GPUs and in compiled steps (`skip_resets`
+        # off) every step resets.
+        resets = is_first.any(0).tolist() if self.skip_resets else None
+        # The embedding's share of the posterior for all B·T steps in one matmul (`filter`
+        # splits it into steps with one op).
         e_part, w_h = self.post_split(embed)
-        e_steps, actions = e_part.unbind(1), action.unbind(1)
-        for t in range(T):
-            state, logp, h = self.obs_step(state, e_steps[t],
-                                           is_first[:, t] if resets[t] else None, init=init,
-                                           w_h=w_h)
+        noise = torch.rand(T, B, self.G, 1, device=embed.device, dtype=torch.float32)
+        n = self.chunk or T
+        outs = []
+        for i, (e, a, first, u) in enumerate(zip(e_part.split(n, 1), action.split(n, 1),
+                                                 is_first.split(n, 1), noise.split(n))):
+            state, out = self.filter(state, e, a, first, u, init, w_h,
+                                     resets[i * n:(i + 1) * n] if resets else None)
+            outs.append(out)
+        h, z, post = (x[0] if len(x) == 1 else torch.cat(x, 1) for x in zip(*outs))
+        prior = self.prior_logp(h)  # all priors in one batched call
+        return h, z, post, prior, state
+
+    chunk: int | None = None  # steps per `filter` call in `observe` (None: all T at once)
+
+    def filter(self, state: State, e_part: torch.Tensor, action: torch.Tensor,
+               is_first: torch.Tensor, noise: torch.Tensor, init: State, w_h: torch.Tensor,
+               resets: list[bool] | None = None):
+        """`observe`'s loop over n steps: e_part (B, n, U) is the embedding's share of the
+        posterior, action and is_first (B, n), noise (n, B, G, 1) the samples' uniforms;
+        `resets[t]` False skips step t's reset (None: reset arithmetic at every step). One
+        function of fixed shapes, so `train.compile` compiles n steps, forward and backward,
+        as one graph. Returns the last state and h (B,n,D), z (B,n,G,K), posteriors."""
+        hs, zs, post = [], [], []
+        for t, (e, a) in enumerate(zip(e_part.unbind(1), action.unbind(1))):
+            first = is_first[:, t] if resets is None or resets[t] else None
+            state, logp, h = self.obs_step(state, e, first, init=init, w_h=w_h, u=noise[t])
             hs.append(h)
             zs.append(state.z)
             post.append(logp)
-            state = State(h, state.z, actions[t])
-        h = torch.stack(hs, 1)
-        prior = self.prior_logp(h)  # all priors in one batched call
-        return h, torch.stack(zs, 1), torch.stack(post, 1), prior, state
+            state = State(h, state.z, a)
+        return state, (torch.stack(hs, 1), torch.stack(zs, 1), torch.stack(post, 1))
+
+    def img_step(self, h: torch.Tensor, z: torch.Tensor, action: torch.Tensor,
+                 u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One imagined step without gradients: h' = f(h, z, a), z' ~ p(z | h') from the
+        uniforms u (N, G, 1), sampled from the probabilities (no log-probs needed); z' as
+        class indices if z is, else one-hot."""
+        h = self.sequence(h, z, action)
+        idx = categorical_index(unimix_probs(self.prior_logits(h), self.unimix), u)
+        return h, (idx if not z.is_floating_point() else one_hot(idx, self.K, h.dtype))
 
     def imagine(self, policy, h: torch.Tensor, z: torch.Tensor, horizon: int,
                 gather: bool = False):
@@ -262,15 +291,41 @@ class WorldModel(nn.Module):
         for _ in range(horizon):
             a = policy(feats[-1])
             actions.append(a)
-            h = self.sequence(h, z, a)
             if torch.is_grad_enabled():  # gradients through the dynamics: straight-through
+                h = self.sequence(h, z, a)
                 z = onehot_sample(self.prior_logp(h))
-            else:  # only a sample is needed: from the probabilities, no log-probs
-                z = categorical_index(unimix_probs(self.prior_logits(h), self.unimix))
-                z = z if gather else one_hot(z, self.K, h.dtype)
+            else:
+                h, z = self.img_step(h, z, a, torch.rand(h.shape[0], self.G, 1,
+                                                         device=h.device))
             feats.append(self.feat(h, z))
         feats = OneHotCat.stack(feats) if gather else torch.stack(feats)
         return feats, torch.stack(actions)
+
+    def dream(self, actor, h: torch.Tensor, z: torch.Tensor, horizon: int,
+              gather: bool = False):
+        """`imagine` without gradients with `actor` as the policy (REINFORCE): the random
+        numbers of all H steps are drawn first, then `rollout` runs the steps, one function
+        of fixed shapes (`train.compile` compiles the whole rollout as one graph). Returns
+        feats (H+1, N, F) and actions (H, N, A) like `imagine`."""
+        N = h.shape[0]
+        if gather:
+            z = z.argmax(-1)  # exact: the start states are detached one-hots
+        act_noise = actor.noise(horizon, N, device=h.device)
+        lat_noise = torch.rand(horizon, N, self.G, 1, device=h.device)
+        hs, zs, actions = self.rollout(actor, h, z, act_noise, lat_noise)
+        return self.feat(hs, zs), actions
+
+    def rollout(self, actor, h: torch.Tensor, z: torch.Tensor, act_noise: torch.Tensor,
+                lat_noise: torch.Tensor):
+        """`dream`'s loop: h (H+1, N, D), z (H+1, N, G[, K]) and actions (H, N, A)."""
+        hs, zs, actions = [h], [z], []
+        for a_u, z_u in zip(act_noise.unbind(0), lat_noise.unbind(0)):
+            a = actor.sample(actor.params(self.feat(h, z)), a_u)
+            h, z = self.img_step(h, z, a, z_u)
+            hs.append(h)
+            zs.append(z)
+            actions.append(a)
+        return torch.stack(hs), torch.stack(zs), torch.stack(actions)
 
     # ------------------------------------------------------------------ loss
 

@@ -3,7 +3,7 @@
 import torch
 
 
-def quantile_index(probs):
+def quantile_index(probs, u=None):
     """The categorical sampler (nets.categorical_index) with u = 0.5 instead of u ~ U(0, 1)
     per row: every row's sample then depends only on that row, so B rows on each of two ranks
     get exactly the samples the same 2B rows get in one process, and an update reads no random

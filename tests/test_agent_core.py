@@ -183,6 +183,36 @@ def test_observe_in_chunks_equals_observe_at_once():
     torch.testing.assert_close(last2.h, last.h, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("skip_resets", [True, False])
+def test_observe_filters_in_chunks_of_steps_like_all_steps_at_once(skip_resets):
+    """`train.compile` runs observe's loop as chunks of steps (`WorldModel.chunk`): the same
+    samples, states, log-probs and gradients as one loop over all T steps, with resets in
+    the middle of a chunk and at a chunk's first step."""
+    torch.manual_seed(3)
+    wm = WorldModel(VEC, 2, cfg("micro").model)
+    batch = random_batch(DISCRETE, B=3, T=8, seed=4)
+    batch["is_first"][0, 4] = True  # inside the chunk of steps 3..5
+    batch["is_first"][1, 6] = True  # first step of the last chunk (6..7)
+    batch["is_first"][2, 7] = True  # its second step
+    params = [p for n, p in wm.named_parameters()
+              if not n.startswith(("decoder", "reward", "cont"))]  # what observe uses
+    runs = []
+    for chunk in (None, 3):
+        wm.chunk, wm.skip_resets = chunk, skip_resets
+        torch.manual_seed(5)  # the same uniforms for the samples
+        embed = wm.encoder(batch["obs"])
+        h, z, post, prior, last = wm.observe(embed, batch["action"], batch["is_first"])
+        loss = (h.square().sum() + (post.exp() * prior).sum() + (z * post).sum()
+                + last.h.sum())
+        runs.append(((h, z, post, prior, last.h, last.z, last.action),
+                     torch.autograd.grad(loss, params)))
+    (out_a, grad_a), (out_b, grad_b) = runs
+    for a, b in zip(out_a, out_b):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+    for a, b in zip(grad_a, grad_b):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
 def test_imagine_shapes_and_recursion():
     torch.manual_seed(3)
     wm = WorldModel(VEC, 3, cfg("nano").model)
@@ -522,8 +552,8 @@ def test_reinforce_loss_sees_the_distributions_that_chose_the_actions(monkeypatc
     drawn, seen = [], {}
     sample = agent.actor.sample
 
-    def record_sample(params):
-        action = sample(params)
+    def record_sample(params, noise=None):
+        action = sample(params, noise)
         drawn.append(([p.detach().clone() for p in params], action.detach().clone()))
         return action
 

@@ -14,7 +14,7 @@ from train_step import batch_for, spaces  # noqa: E402
 
 from lucid.agent import Agent  # noqa: E402
 from lucid.config import make_config  # noqa: E402
-from lucid.nets import (Head, ImageEncoder, OneHotCat, _GatherSum, linear,  # noqa: E402
+from lucid.nets import (Head, ImageEncoder, OneHotCat, gather_sum, linear,  # noqa: E402
                         linear_in)
 from lucid.world_model import WorldModel  # noqa: E402
 
@@ -61,14 +61,14 @@ def test_gathered_sum_gradient_is_the_one_hot_matmul_gradient_and_finite_differe
     rows, G, K, units = 300, 3, 4, 5
     idx = torch.randint(0, K, (rows, G)) + torch.arange(0, G * K, K)  # rows per group's block
     table = torch.randn(G * K, units, requires_grad=True)
-    out = _GatherSum.apply(idx, table)
+    out = gather_sum(idx, table)
     onehot = torch.zeros(rows, G * K).scatter_(1, idx, 1.0)
     torch.testing.assert_close(out, onehot @ table.detach(), rtol=1e-5, atol=1e-5)
     g_out = torch.randn(rows, units)
     (grad,) = torch.autograd.grad(out, table, g_out)
     torch.testing.assert_close(grad, onehot.t() @ g_out, rtol=1e-5, atol=1e-4)
     table64 = torch.randn(G * K, units, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda t: _GatherSum.apply(idx[:20], t), (table64,))
+    assert torch.autograd.gradcheck(lambda t: gather_sum(idx[:20], t), (table64,))
 
 
 def test_heads_accept_onehot_features():
