@@ -109,6 +109,7 @@ class Agent:
             m.compile(dynamic=False)  # in place: parameters and their names are unchanged
         for twohot in (wm.twohot, self.critic.twohot):  # softmax and sum in one pass
             twohot.mean = torch.compile(twohot.mean, dynamic=False)
+            twohot.mean_of = torch.compile(twohot.mean_of, dynamic=False)
 
     # ------------------------------------------------------------------ precision
 
@@ -219,6 +220,7 @@ class Agent:
                 reward = torch.cat([torch.zeros_like(reward[:1]), reward], 0)
                 cont = (wm.cont(feat[1:]).squeeze(-1) > 0).float()
                 cont = torch.cat([start_cont[None], cont], 0)
+            critic_probs = None  # the critic logits' softmax, when the values have it
             if dynamics_grad:  # values must pass gradients to the imagined states
                 critic_logits = critic(feat[:-1].detach())  # for the critic loss
                 with frozen(critic):
@@ -228,10 +230,12 @@ class Agent:
                 # states that chose the actions) and the critic's logits at 0..H-1, each in
                 # one batched call instead of one per step; step H's value carries no
                 # gradient (a slice of logits at 0..H would cost a zeroed gradient of all).
+                # One softmax of the critic's logits serves its values and its loss.
                 dist = actor.params(feat[:-1])
                 critic_logits = critic(feat[:-1])  # for the critic loss
                 with torch.no_grad():
-                    value = torch.cat([critic.twohot.mean(critic_logits),
+                    critic_probs = critic.twohot.probs(critic_logits)
+                    value = torch.cat([critic.twohot.mean_of(critic_probs),
                                        critic.value(feat[-1:])])
         ret = lambda_return(reward, cont, value, t.gamma, t.lam)  # fp32, outside autocast
         weight = imagined_weights(cont, t.gamma).detach()
@@ -248,7 +252,8 @@ class Agent:
 
         # 5. Critic on detached imagined states, then its slow copy.
         with self.autocast():  # the slow critic's forward pass; the loss itself is fp32
-            c_loss, c_metrics = critic_loss(critic, critic_logits, feat[:-1], ret, weight, t)
+            c_loss, c_metrics = critic_loss(critic, critic_logits, feat[:-1], ret, weight, t,
+                                            critic_probs)
             if t.replay_value_scale > 0:  # Nature recipe: also on the replayed windows
                 B, T = batch["reward"].shape
                 rep_ret = replay_lambda_return(batch["reward"].float(), batch["is_last"],

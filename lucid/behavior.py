@@ -193,21 +193,23 @@ def actor_loss(actor: Actor, params, action: torch.Tensor, ret: torch.Tensor,
 
 
 def _value_loss(critic: Critic, logits: torch.Tensor, feat: torch.Tensor, ret: torch.Tensor,
-                weight: torch.Tensor, tcfg: TrainConfig):
+                weight: torch.Tensor, tcfg: TrainConfig, probs: torch.Tensor | None = None):
     """Weighted mean of the two-hot cross-entropy of the critic's `logits` toward symlog(ret)
-    plus the same toward the slow critic's mean at `feat`; also returns both terms."""
+    plus the same toward the slow critic's mean at `feat`; also returns both terms. `probs`:
+    the logits' softmax, if the caller has it (`TwoHot.probs`)."""
     with torch.no_grad():
         slow = critic.value(feat.detach(), slow=True)
-    l_ret, l_reg = critic.twohot.losses(logits, ret.detach(), slow)  # one pass for both
+    l_ret, l_reg = critic.twohot.losses(logits, ret.detach(), slow, probs=probs)  # one pass
     loss = (weight.detach() * (l_ret + tcfg.slow_critic_reg * l_reg)).mean()
     return loss, l_ret, l_reg
 
 
 def critic_loss(critic: Critic, logits: torch.Tensor, feat: torch.Tensor, ret: torch.Tensor,
-                weight: torch.Tensor, tcfg: TrainConfig):
+                weight: torch.Tensor, tcfg: TrainConfig, probs: torch.Tensor | None = None):
     """Two-hot cross-entropy of the critic's `logits` at imagined steps 0..H-1 toward
-    symlog(R), plus the same toward the slow critic's mean at `feat` (regulariser)."""
-    loss, l_ret, l_reg = _value_loss(critic, logits, feat, ret, weight[:-1], tcfg)
+    symlog(R), plus the same toward the slow critic's mean at `feat` (regulariser). `probs`:
+    the logits' softmax, if already computed for the values."""
+    loss, l_ret, l_reg = _value_loss(critic, logits, feat, ret, weight[:-1], tcfg, probs)
     return loss, {"critic/loss": loss, "critic/return_loss": l_ret.mean(),
                   "critic/slow_reg": l_reg.mean()}
 

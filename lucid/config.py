@@ -117,8 +117,9 @@ class TrainConfig:
     # Continuous actions: "dynamics" backpropagates through the model (the 2023 paper);
     # "reinforce" uses REINFORCE for them too (the 2025 paper).
     continuous_grad: str = "dynamics"
-    # torch.compile the per-step pieces of the update (RSSM step functions, heads, encoder,
-    # decoder, actor and critic nets); same maths, compiled once per shape (seconds to minutes).
+    # torch.compile the update's loops and nets (observe in chunks of 8 steps, the whole
+    # imagination rollout, heads, encoder, decoder, actor and critic); same maths, compiled
+    # once per shape (~3 minutes on a 2-core CPU; pays at nano-XXS, docs/performance.md).
     compile: bool = False
     # Speed switches that keep the maths (docs/performance.md). precision "bf16": the update's
     # matmuls and convolutions run in bf16 under torch.autocast (GPU, or CPUs with bf16 units);

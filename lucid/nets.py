@@ -78,14 +78,20 @@ class TwoHot:
         out.scatter_add_(-1, (below + 1).unsqueeze(-1), w_above.unsqueeze(-1))
         return out
 
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """softmax over the bins, in fp32 whatever the logits' dtype (bf16 autocast). One
+        softmax serves the mean and the losses of the same logits (`mean_of`, `losses`)."""
+        return torch.softmax(fp32(logits), -1)
+
     def mean(self, logits: torch.Tensor) -> torch.Tensor:
-        """Expected value in real space: symexp(sum_i softmax(logits)_i * bin_i). Mirrored bins
-        are taken pairwise, sum_j bin_j (p_j - p_-j) over the positive bins, so equal logits
-        give exactly 0 (as in the authors' code). Computed in fp32 whatever the logits' dtype
-        (bf16 autocast)."""
-        logits = fp32(logits)
-        probs = torch.softmax(logits, -1)
-        bins = self.bins(logits)
+        """Expected value in real space: symexp(sum_i softmax(logits)_i * bin_i)."""
+        return self.mean_of(self.probs(logits))
+
+    def mean_of(self, probs: torch.Tensor) -> torch.Tensor:
+        """`mean` from the bins' probabilities. Mirrored bins are taken pairwise, sum_j bin_j
+        (p_j - p_-j) over the positive bins, so equal logits give exactly 0 (as in the
+        authors' code)."""
+        bins = self.bins(probs)
         m = self.num_bins // 2
         if self.num_bins % 2 and self.low == -self.high:  # bins[m] = 0: it adds nothing
             avg = (probs[..., m + 1:] - probs[..., :m].flip(-1)) @ bins[m + 1:]
@@ -98,40 +104,50 @@ class TwoHot:
         -(1 - w) log p[below] - w log p[below + 1], gathered instead of a dense target."""
         return self.losses(logits, target)[0]
 
-    def losses(self, logits: torch.Tensor, *targets: torch.Tensor) -> list[torch.Tensor]:
+    def losses(self, logits: torch.Tensor, *targets: torch.Tensor,
+               probs: torch.Tensor | None = None) -> list[torch.Tensor]:
         """`loss(logits, target)` for each of several targets of the same logits, with one
-        log-softmax and one gradient pass over the bins for all of them (`_TwoHotNLL`)."""
+        softmax and one gradient pass over the bins for all of them (`_TwoHotNLL`); `probs`:
+        `self.probs(logits)` if already computed (the critic's, for its values)."""
         located = [self._locate(symlog(fp32(t))) for t in targets]
         below = torch.stack([b for b, _ in located])
         w_above = torch.stack([w for _, w in located])
-        return list(_TwoHotNLL.apply(fp32(logits), below, w_above).unbind(0))
+        logits = fp32(logits)
+        with torch.no_grad():
+            probs = self.probs(logits) if probs is None else probs.detach()
+            # log-sum-exp from the largest probability (>= 1/bins, so its log is exact to
+            # rounding): logsumexp = max logit - log(max prob), no second pass of exp.
+            lse = logits.amax(-1, keepdim=True) - probs.amax(-1, keepdim=True).log()
+        return list(_TwoHotNLL.apply(logits, probs, lse, below, w_above).unbind(0))
 
 
 class _TwoHotNLL(torch.autograd.Function):
-    """Two-hot cross-entropies of n targets (n, ...) of the same logits (..., bins), whose
-    gradient is written out: d/dlogits = softmax(logits) * sum_k g_k - sum_k g_k twohot_k,
-    as two passes over the bins (exp, scale) and a scatter of the 2n target weights, where
-    autograd through log_softmax and gather makes a zeroed (..., bins) gradient per target
-    and a log-softmax backward. For the critic's 15,360 imagined states x 255 bins, those
-    passes, not the arithmetic, are the cost."""
+    """Two-hot cross-entropies of n targets (n, ...) of the same logits (..., bins), with
+    log p = logits - logsumexp gathered at the 2n target bins and the gradient written out:
+    d/dlogits = softmax(logits) * sum_k g_k - sum_k g_k twohot_k, from the softmax the caller
+    computed (a scale and a scatter of the 2n target weights). Autograd through log_softmax
+    and gather would cost another exp pass, a zeroed (..., bins) gradient per target and a
+    log-softmax backward: for the critic's 15,360 imagined states x 255 bins, those passes,
+    not the arithmetic, are the cost."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, below: torch.Tensor, w_above: torch.Tensor):
-        logp = torch.log_softmax(logits, -1)
+    def forward(ctx, logits: torch.Tensor, probs: torch.Tensor, lse: torch.Tensor,
+                below: torch.Tensor, w_above: torch.Tensor):
         idx = torch.stack([below, below + 1], -1)  # (n, ..., 2)
         weight = torch.stack([1.0 - w_above, w_above], -1)
-        ctx.save_for_backward(logp, idx, weight)
-        picked = logp.unsqueeze(0).expand(idx.shape[0], *logp.shape).gather(-1, idx)
+        ctx.save_for_backward(probs, idx, weight)
+        n = idx.shape[0]
+        picked = logits.unsqueeze(0).expand(n, *logits.shape).gather(-1, idx) - lse
         return -(weight * picked).sum(-1)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        logp, idx, weight = ctx.saved_tensors
-        out = logp.exp().mul_(grad.sum(0).unsqueeze(-1))
+        probs, idx, weight = ctx.saved_tensors
+        out = probs * grad.sum(0).unsqueeze(-1)
         for k in range(idx.shape[0]):
             out.scatter_add_(-1, idx[k], -(weight[k] * grad[k].unsqueeze(-1)))
-        return out, None, None
+        return out, None, None, None, None
 
 
 # --------------------------------------------------------------------------- categoricals

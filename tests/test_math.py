@@ -209,6 +209,39 @@ def test_twohot_losses_of_several_targets_share_one_pass_and_sum_their_gradients
     np.testing.assert_allclose(grad.numpy(), ref, atol=1e-12)
 
 
+def test_twohot_losses_from_the_callers_softmax_and_where_probabilities_underflow():
+    """`losses(..., probs=TwoHot.probs(logits))` (the critic's softmax, computed once for its
+    values) gives the same losses and gradients; in fp32, a target on a bin whose probability
+    underflows to 0 still gets its finite cross-entropy (log p = logit - logsumexp, not
+    log of the probability), as numpy computes it in float64."""
+    th = TwoHot()
+    torch.manual_seed(2)
+    logits = (torch.randn(4, 255) * 3).requires_grad_(True)
+    with torch.no_grad():
+        logits[0, :100] -= 150.0  # exp(-150) underflows in fp32
+    targets = [torch.randn(4) * 10, torch.randn(4)]
+    targets[0][0] = -np_symexp(19.9)  # a target in the underflowed bins
+    assert th.probs(logits)[0, 1].item() == 0.0
+    own = th.losses(logits, *targets)
+    given = th.losses(logits, *targets, probs=th.probs(logits))
+    g = torch.rand(2, 4)
+    grads = [torch.autograd.grad(sum((gk * lk).sum() for gk, lk in zip(g, out)), logits)[0]
+             for out in (own, given)]
+    for a, b in zip(own, given):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+    lg = logits.detach().double().numpy()
+    for t, loss in zip(targets, own):
+        ref = -(np_twohot(np_symlog(t.double().numpy()), PAPER_BINS) * np_log_softmax(lg)).sum(-1)
+        np.testing.assert_allclose(loss.detach().numpy(), ref, rtol=1e-5, atol=1e-4)
+    assert own[0][0].item() > 100.0  # the underflowed bin's cost, finite
+    soft = np_softmax(lg)
+    ref = sum(gk.double().numpy()[:, None] * (soft - np_twohot(np_symlog(t.double().numpy()),
+                                                                PAPER_BINS))
+              for gk, t in zip(g, targets))
+    np.testing.assert_allclose(grads[0].numpy(), ref, atol=1e-5)
+
+
 def test_twohot_mean_matches_numpy():
     th = TwoHot()
     rng = np.random.default_rng(3)
