@@ -277,36 +277,30 @@ class WorldModel(nn.Module):
         idx = categorical_index(unimix_probs(self.prior_logits(h), self.unimix), u)
         return h, (idx if not z.is_floating_point() else one_hot(idx, self.K, h.dtype))
 
-    def imagine(self, policy, h: torch.Tensor, z: torch.Tensor, horizon: int,
-                gather: bool = False):
+    def imagine(self, policy, h: torch.Tensor, z: torch.Tensor, horizon: int):
         """Roll the prior forward `horizon` steps from N start states with `policy(feat) ->
-        action`. Returns feats (H+1, N, F) of steps 0..H and actions (H, N, A) of steps 0..H-1.
-
-        `gather` (no gradient through the latents): z is kept as class indices and the feats
-        are a `OneHotCat`, so every layer over [h, z] or [z, a] gathers instead of multiplying
-        by one-hots. The samples and the function are the same as the dense path's."""
-        if gather:
-            z = z.argmax(-1)  # exact: the start states are detached one-hots
+        action`, with straight-through samples so that gradients can flow through the
+        dynamics (continuous actions, `continuous_grad=dynamics`; REINFORCE uses `dream`).
+        Returns feats (H+1, N, F) of steps 0..H and actions (H, N, A) of steps 0..H-1."""
         feats, actions = [self.feat(h, z)], []
         for _ in range(horizon):
             a = policy(feats[-1])
             actions.append(a)
-            if torch.is_grad_enabled():  # gradients through the dynamics: straight-through
-                h = self.sequence(h, z, a)
-                z = onehot_sample(self.prior_logp(h))
-            else:
-                h, z = self.img_step(h, z, a, torch.rand(h.shape[0], self.G, 1,
-                                                         device=h.device))
+            h = self.sequence(h, z, a)
+            z = onehot_sample(self.prior_logp(h))
             feats.append(self.feat(h, z))
-        feats = OneHotCat.stack(feats) if gather else torch.stack(feats)
-        return feats, torch.stack(actions)
+        return torch.stack(feats), torch.stack(actions)
 
     def dream(self, actor, h: torch.Tensor, z: torch.Tensor, horizon: int,
               gather: bool = False):
         """`imagine` without gradients with `actor` as the policy (REINFORCE): the random
         numbers of all H steps are drawn first, then `rollout` runs the steps, one function
         of fixed shapes (`train.compile` compiles the whole rollout as one graph). Returns
-        feats (H+1, N, F) and actions (H, N, A) like `imagine`."""
+        feats (H+1, N, F) and actions (H, N, A) like `imagine`.
+
+        `gather`: z is kept as class indices and the feats are a `OneHotCat`, so every layer
+        over [h, z] or [z, a] gathers instead of multiplying by one-hots. The samples and the
+        function are the same as the dense path's."""
         N = h.shape[0]
         if gather:
             z = z.argmax(-1)  # exact: the start states are detached one-hots
