@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 BUCKET_BYTES = 64 * 2**20  # gradients are all-reduced in flat buckets of about this size
+CLOSE_WAIT_S = 60.0  # how long close() waits for the other ranks
 
 
 def launched() -> bool:
@@ -35,6 +37,8 @@ def launched() -> bool:
 
 class DataParallel:
     """This process's place among the learners, and the collectives the trainer uses."""
+
+    _closes = 0  # close() calls in this process: every rank makes them in the same order
 
     def __init__(self, device: str = "auto", timeout_minutes: float = 30.0):
         self.rank = int(os.environ.get("RANK", "0"))
@@ -60,8 +64,34 @@ class DataParallel:
         return self.rank == 0
 
     def close(self) -> None:
-        if self.owns_group and dist.is_initialized():
-            dist.destroy_process_group()
+        """Leave the group in step with the other ranks. Each rank waits for all to arrive
+        here before tearing down its backend, and rank 0, whose process hosts the rendezvous
+        store when launched without torchrun's agent store, leaves last: a rank whose peer
+        exits while its own gloo teardown is under way can abort ("terminate called without
+        an active exception"). The waits go through the store with a deadline, so a rank
+        that died (the error path) delays the others by CLOSE_WAIT_S at most."""
+        if not (self.owns_group and dist.is_initialized()):
+            return
+        store = dist.distributed_c10d._get_default_store() if self.world > 1 else None
+        DataParallel._closes += 1
+        key = f"lucid/close{DataParallel._closes}"
+        self._meet(store, key + "/arrived", wait=True)
+        dist.destroy_process_group()
+        self._meet(store, key + "/left", wait=self.is_main)
+
+    def _meet(self, store, key: str, wait: bool) -> None:
+        """Count this rank in at `key`; with `wait`, until all ranks are counted in (or
+        CLOSE_WAIT_S passed, or the store is gone because its host exited)."""
+        if store is None:
+            return
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        try:
+            arrived = store.add(key, 1)
+            while wait and arrived < self.world and time.monotonic() < deadline:
+                time.sleep(0.005)
+                arrived = store.add(key, 0)
+        except (RuntimeError, dist.DistError):  # the store's host is gone: nobody to wait for
+            pass
 
     # ------------------------------------------------------------------ small collectives
 

@@ -90,7 +90,22 @@ def _rank_main(rank, world, port, out_dir):
     dp.check_identical(agent)
     out["checks"] = dp.checks
     torch.save(out, Path(out_dir) / f"rank{rank}.pt")
+    times = {}
+    if rank == 1:  # the last to reach close(), and slow to tear down its backend
+        time.sleep(0.3)
+        destroy = torch.distributed.destroy_process_group
+
+        def slow_destroy():
+            time.sleep(0.3)
+            destroy()
+            times["destroyed"] = time.time()
+
+        monkeypatch = pytest.MonkeyPatch()
+        monkeypatch.setattr(torch.distributed, "destroy_process_group", slow_destroy)
+    times["entered"] = time.time()
     dp.close()
+    times["left"] = time.time()
+    (Path(out_dir) / f"close{rank}.json").write_text(json.dumps(times))
 
 
 def _run_two_ranks(target, *args, timeout: float) -> None:
@@ -125,6 +140,9 @@ def test_two_gloo_learners_match_one_learner_with_the_full_batch(tmp_path, monke
     assert torch.equal(r0["params"], r1["params"])
     assert all(torch.equal(a, b) for a, b in zip(r0["grads"], r1["grads"]))
     assert r0["checks"] == 1
+    # close(): rank 0 (the store's host) left after rank 1 had arrived and torn down gloo
+    c0, c1 = (json.loads((tmp_path / f"close{r}.json").read_text()) for r in range(2))
+    assert c0["left"] >= c1["destroyed"] > c1["entered"] > c0["entered"]
 
     deterministic_sampling(monkeypatch.setattr)
     single = _agent(seed=1000)  # rank 0's initial weights
@@ -138,6 +156,29 @@ def test_two_gloo_learners_match_one_learner_with_the_full_batch(tmp_path, monke
         assert scale > 0
         assert (g_dist - g_full).abs().max() <= 1e-5 * scale
     assert (r0["params"] - full["params"]).abs().max() < 1e-6
+
+
+def _close_alone(rank, world, port, out_dir):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import lucid.distributed as distributed
+    distributed.CLOSE_WAIT_S = 2.0
+    dp = distributed.DataParallel("cpu")
+    dp.sum(1.0)
+    if rank == 1:
+        os._exit(0)  # dies without close()
+    time.sleep(0.5)
+    start = time.monotonic()
+    dp.close()
+    (Path(out_dir) / "close_alone.json").write_text(json.dumps(time.monotonic() - start))
+
+
+def test_close_does_not_hang_when_another_rank_died(tmp_path):
+    """The error path: rank 1 is gone, rank 0's close() waits CLOSE_WAIT_S for it, then
+    leaves (a collective barrier there would block until the 30-minute group timeout)."""
+    _run_two_ranks(_close_alone, str(tmp_path), timeout=60)
+    waited = json.loads((tmp_path / "close_alone.json").read_text())
+    assert 2.0 <= waited < 20.0
 
 
 def _dp_cfg(run_dir, **run):
