@@ -23,9 +23,15 @@ import os
 import time
 
 import torch
+import torch._dynamo  # noqa: F401  (see below)
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+# torch._dynamo is imported here, before any process group exists: imported after
+# init_process_group (as the first optimiser or torch.compile does), it keeps references to
+# the default group, so destroy_process_group cannot free it and gloo's threads run on into
+# the interpreter's exit, where a rank can abort ("terminate called without an active
+# exception"; torch 2.13, seen once in CI).
 BUCKET_BYTES = 64 * 2**20  # gradients are all-reduced in flat buckets of about this size
 CLOSE_WAIT_S = 60.0  # how long close() waits for the other ranks
 
@@ -64,12 +70,12 @@ class DataParallel:
         return self.rank == 0
 
     def close(self) -> None:
-        """Leave the group in step with the other ranks. Each rank waits for all to arrive
-        here before tearing down its backend, and rank 0, whose process hosts the rendezvous
-        store when launched without torchrun's agent store, leaves last: a rank whose peer
-        exits while its own gloo teardown is under way can abort ("terminate called without
-        an active exception"). The waits go through the store with a deadline, so a rank
-        that died (the error path) delays the others by CLOSE_WAIT_S at most."""
+        """Leave the group in step with the other ranks: each rank waits for all to arrive
+        here before tearing down its backend (its gloo threads end with it), and rank 0,
+        whose process hosts the rendezvous store when launched without torchrun's agent
+        store, leaves last, so no rank's teardown runs against a peer that is gone. The waits
+        go through the store with a deadline, so a rank that died (the error path) delays the
+        others by CLOSE_WAIT_S at most."""
         if not (self.owns_group and dist.is_initialized()):
             return
         store = dist.distributed_c10d._get_default_store() if self.world > 1 else None

@@ -105,6 +105,8 @@ def _rank_main(rank, world, port, out_dir):
     times["entered"] = time.time()
     dp.close()
     times["left"] = time.time()
+    times["threads"] = sorted(Path(f"/proc/self/task/{t}/comm").read_text().strip()
+                              for t in os.listdir("/proc/self/task"))
     (Path(out_dir) / f"close{rank}.json").write_text(json.dumps(times))
 
 
@@ -143,6 +145,10 @@ def test_two_gloo_learners_match_one_learner_with_the_full_batch(tmp_path, monke
     # close(): rank 0 (the store's host) left after rank 1 had arrived and torn down gloo
     c0, c1 = (json.loads((tmp_path / f"close{r}.json").read_text()) for r in range(2))
     assert c0["left"] >= c1["destroyed"] > c1["entered"] > c0["entered"]
+    # and the group is gone with its threads (a group that outlives destroy_process_group
+    # runs gloo's threads into the interpreter's exit, where a rank can abort)
+    assert c0["threads"] and not any("gloo" in n or "tcpstore" in n
+                                     for c in (c0, c1) for n in c["threads"])
 
     deterministic_sampling(monkeypatch.setattr)
     single = _agent(seed=1000)  # rank 0's initial weights
