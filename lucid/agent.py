@@ -69,6 +69,8 @@ class Agent:
         # are skipped on the device). On CPU the RSSM skips the reset arithmetic at steps
         # where no row starts an episode, which needs the flags on the host: free there.
         self.wm.skip_resets = self.device.type == "cpu"
+        for head in (self.wm.reward, self.critic.net, self.critic.slow):  # 255-bin heads
+            head.pad_to = 8 if t.pad_bins else 0
         graph = t.cuda_graph
         self.opt_wm = _adam(self.wm.parameters(), t.model_lr, t.model_eps, graph)
         self.opt_actor = _adam(self.actor.parameters(), t.actor_lr, t.actor_eps, graph)

@@ -380,7 +380,16 @@ class MLP(nn.Module):
 
 
 class Head(nn.Module):
-    """MLP followed by an output layer (with bias); `zero` zero-initialises the output."""
+    """MLP followed by an output layer (with bias); `zero` zero-initialises the output.
+
+    `pad_to` (the agent sets it for the 255-bin heads, `train.pad_bins`): without gradient,
+    the output layer multiplies with its rows padded by zeros to a multiple of `pad_to` and
+    returns the first `out_dim` columns, a view: the same function, to rounding. MKL's CPU
+    sgemm over 15,360 imagined states takes ~2x as long for 255 output columns as for 256
+    (docs/performance.md). With gradient the slice's backward would cost a pass over the
+    padded gradient, so that product stays as it is."""
+
+    pad_to = 0
 
     def __init__(self, in_dim: int, units: int, layers: int, out_dim: int, zero: bool = False):
         super().__init__()
@@ -388,7 +397,13 @@ class Head(nn.Module):
         self.out = linear(self.mlp.out_dim, out_dim, zero=zero)
 
     def forward(self, x: torch.Tensor | OneHotCat) -> torch.Tensor:
-        return self.out(self.mlp(x))
+        h = self.mlp(x)
+        extra = -self.out.out_features % self.pad_to if self.pad_to else 0
+        if extra and not torch.is_grad_enabled():
+            w = F.pad(self.out.weight, (0, 0, 0, extra))
+            b = F.pad(self.out.bias, (0, extra))
+            return F.linear(h, w, b)[..., :self.out.out_features]
+        return self.out(h)
 
 
 class NormGRUCell(nn.Module):

@@ -1,6 +1,7 @@
 """Speed switches that must not change the maths: `train.onehot_gather` (imagined latents as
-class indices, nets.OneHotCat) and `train.channels_last` (NHWC encoder convolutions). Each is
-compared with the plain dense computation it replaces."""
+class indices, nets.OneHotCat), `train.pad_bins` (no-grad 255-bin head products 256 wide)
+and `train.channels_last` (NHWC encoder convolutions). Each is compared with the plain
+computation it replaces."""
 
 import sys
 from pathlib import Path
@@ -115,6 +116,53 @@ def test_updates_with_and_without_gather_give_the_same_losses(action, grad):
 
     dense, gathered = losses(False), losses(True)
     for d, g in zip(dense, gathered):
+        for k in d:
+            assert g[k] == pytest.approx(d[k], rel=1e-4, abs=1e-6), k
+
+
+@pytest.mark.parametrize("shape", [(7, 255), (3, 5, 255), (4, 41)])
+def test_padded_head_product_equals_the_plain_one(shape):
+    """`Head.pad_to`: without gradient the output layer's product runs on rows padded to a
+    multiple of 8 and the first out_dim columns come back as a view; with gradient the
+    plain product runs (same values and gradients)."""
+    torch.manual_seed(0)
+    *lead, out_dim = shape
+    head = Head(6, 16, 1, out_dim)
+    torch.nn.init.normal_(head.out.weight)
+    torch.nn.init.normal_(head.out.bias)
+    x = torch.randn(*lead, 6)
+    with torch.no_grad():
+        ref = head(x)
+        head.pad_to = 8
+        out = head(x)
+    assert out.shape == ref.shape
+    assert out.stride(-2) == out_dim + (-out_dim % 8)  # a view of the padded product
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    y = head(x)  # with gradient
+    assert y.is_contiguous()
+    grads = torch.autograd.grad(y.square().sum(), list(head.parameters()))
+    head.pad_to = 0
+    ref_grads = torch.autograd.grad(head(x).square().sum(), list(head.parameters()))
+    for a, b in zip(grads, ref_grads):
+        assert torch.equal(a, b)
+
+
+def test_updates_with_and_without_padded_bins_give_the_same_losses():
+    def losses(pad: bool) -> list[dict]:
+        cfg = make_config("default", model={"size": "nano"},
+                          train={"batch_size": 4, "batch_length": 8, "horizon": 4,
+                                 "pad_bins": pad})
+        obs_spec, act_spec = spaces("vector", "discrete")
+        torch.manual_seed(0)
+        agent = Agent(obs_spec, act_spec, cfg)
+        heads = (agent.wm.reward, agent.critic.net, agent.critic.slow)
+        assert [h.pad_to for h in heads] == [8 if pad else 0] * 3
+        batch = batch_for(obs_spec, act_spec, 4, 8, torch.device("cpu"))
+        torch.manual_seed(1)
+        return [agent.train(batch) for _ in range(3)]
+
+    plain, padded = losses(False), losses(True)
+    for d, g in zip(plain, padded):
         for k in d:
             assert g[k] == pytest.approx(d[k], rel=1e-4, abs=1e-6), k
 
