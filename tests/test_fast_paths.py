@@ -99,25 +99,31 @@ def test_imagination_with_indices_draws_the_same_trajectory_as_with_onehots():
     assert torch.allclose(idx_feat.to_dense(), dense_feat, atol=1e-5)
 
 
+def _three_updates(action: str, **train) -> tuple[Agent, list[dict]]:
+    """A nano agent's metrics over three updates on one fixed batch, seeded alike."""
+    cfg = make_config("default", model={"size": "nano"},
+                      train={"batch_size": 4, "batch_length": 8, "horizon": 4, **train})
+    obs_spec, act_spec = spaces("vector", action)
+    torch.manual_seed(0)
+    agent = Agent(obs_spec, act_spec, cfg)
+    batch = batch_for(obs_spec, act_spec, 4, 8, torch.device("cpu"))
+    torch.manual_seed(1)
+    return agent, [agent.train(batch) for _ in range(3)]
+
+
+def _assert_same_metrics(a: list[dict], b: list[dict]) -> None:
+    for d, g in zip(a, b):
+        for k in d:
+            assert g[k] == pytest.approx(d[k], rel=1e-4, abs=1e-6), k
+
+
 @pytest.mark.parametrize("action,grad", [("discrete", "reinforce"),
                                          ("continuous", "reinforce"),
                                          ("continuous", "dynamics")])
 def test_updates_with_and_without_gather_give_the_same_losses(action, grad):
-    def losses(gather: bool) -> list[dict]:
-        cfg = make_config("default", model={"size": "nano"},
-                          train={"batch_size": 4, "batch_length": 8, "horizon": 4,
-                                 "onehot_gather": gather, "continuous_grad": grad})
-        obs_spec, act_spec = spaces("vector", action)
-        torch.manual_seed(0)
-        agent = Agent(obs_spec, act_spec, cfg)
-        batch = batch_for(obs_spec, act_spec, 4, 8, torch.device("cpu"))
-        torch.manual_seed(1)
-        return [agent.train(batch) for _ in range(3)]
-
-    dense, gathered = losses(False), losses(True)
-    for d, g in zip(dense, gathered):
-        for k in d:
-            assert g[k] == pytest.approx(d[k], rel=1e-4, abs=1e-6), k
+    _, dense = _three_updates(action, onehot_gather=False, continuous_grad=grad)
+    _, gathered = _three_updates(action, onehot_gather=True, continuous_grad=grad)
+    _assert_same_metrics(dense, gathered)
 
 
 @pytest.mark.parametrize("shape", [(7, 255), (3, 5, 255), (4, 41)])
@@ -148,23 +154,12 @@ def test_padded_head_product_equals_the_plain_one(shape):
 
 
 def test_updates_with_and_without_padded_bins_give_the_same_losses():
-    def losses(pad: bool) -> list[dict]:
-        cfg = make_config("default", model={"size": "nano"},
-                          train={"batch_size": 4, "batch_length": 8, "horizon": 4,
-                                 "pad_bins": pad})
-        obs_spec, act_spec = spaces("vector", "discrete")
-        torch.manual_seed(0)
-        agent = Agent(obs_spec, act_spec, cfg)
+    plain_agent, plain = _three_updates("discrete", pad_bins=False)
+    padded_agent, padded = _three_updates("discrete", pad_bins=True)
+    for agent, pad_to in ((plain_agent, 0), (padded_agent, 8)):
         heads = (agent.wm.reward, agent.critic.net, agent.critic.slow)
-        assert [h.pad_to for h in heads] == [8 if pad else 0] * 3
-        batch = batch_for(obs_spec, act_spec, 4, 8, torch.device("cpu"))
-        torch.manual_seed(1)
-        return [agent.train(batch) for _ in range(3)]
-
-    plain, padded = losses(False), losses(True)
-    for d, g in zip(plain, padded):
-        for k in d:
-            assert g[k] == pytest.approx(d[k], rel=1e-4, abs=1e-6), k
+        assert [h.pad_to for h in heads] == [pad_to] * 3
+    _assert_same_metrics(plain, padded)
 
 
 def test_channels_last_encoder_matches_nchw():
