@@ -176,18 +176,17 @@ def one_hot(idx: torch.Tensor, classes: int, dtype: torch.dtype) -> torch.Tensor
     return out.scatter_(-1, idx.unsqueeze(-1), 1.0)
 
 
-def uniform_like(probs: torch.Tensor) -> torch.Tensor:
-    """The uniform numbers u (..., 1) that `categorical_index` draws for `probs` (..., K)."""
-    return torch.rand(*probs.shape[:-1], 1, device=probs.device, dtype=probs.dtype)
-
-
 def categorical_index(probs: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
     """Class index sampled from Categorical(probs) over the last axis, by inverse CDF: the
     first class whose cumulative probability reaches u ~ U(0, 1), i.e. the number of classes
     whose cumulative probability is below u (a binary search per row). `u` (..., 1) may be
-    drawn beforehand (`uniform_like`): compiled steps take their random numbers as inputs."""
+    drawn beforehand (`WorldModel.latent_noise`): compiled steps take their random numbers as
+    inputs."""
     probs = probs.detach()
-    u = uniform_like(probs) if u is None else u.to(probs.dtype).contiguous()
+    if u is None:
+        u = torch.rand(*probs.shape[:-1], 1, device=probs.device, dtype=probs.dtype)
+    else:
+        u = u.to(probs.dtype).contiguous()
     idx = torch.searchsorted(probs.cumsum(-1), u).squeeze(-1)
     return idx.clamp_(max=probs.shape[-1] - 1)  # u above a total that rounded below 1
 

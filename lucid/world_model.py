@@ -236,7 +236,7 @@ class WorldModel(nn.Module):
         # The embedding's share of the posterior for all B·T steps in one matmul (`filter`
         # splits it into steps with one op).
         e_part, w_h = self.post_split(embed)
-        noise = torch.rand(T, B, self.G, 1, device=embed.device, dtype=torch.float32)
+        noise = self.latent_noise(T, B, device=embed.device)
         n = self.chunk or T
         outs = []
         for i, (e, a, first, u) in enumerate(zip(e_part.split(n, 1), action.split(n, 1),
@@ -267,6 +267,11 @@ class WorldModel(nn.Module):
             post.append(logp)
             state = State(h, state.z, a)
         return state, (torch.stack(hs, 1), torch.stack(zs, 1), torch.stack(post, 1))
+
+    def latent_noise(self, *shape: int, device=None) -> torch.Tensor:
+        """The uniforms (*shape, G, 1) of the latent samples of (*shape) rows, drawn in
+        advance (as `Actor.noise` for the actions)."""
+        return torch.rand(*shape, self.G, 1, device=device, dtype=torch.float32)
 
     def img_step(self, h: torch.Tensor, z: torch.Tensor, action: torch.Tensor,
                  u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,7 +310,7 @@ class WorldModel(nn.Module):
         if gather:
             z = z.argmax(-1)  # exact: the start states are detached one-hots
         act_noise = actor.noise(horizon, N, device=h.device)
-        lat_noise = torch.rand(horizon, N, self.G, 1, device=h.device)
+        lat_noise = self.latent_noise(horizon, N, device=h.device)
         hs, zs, actions = self.rollout(actor, h, z, act_noise, lat_noise)
         return self.feat(hs, zs), actions
 
