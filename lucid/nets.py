@@ -381,12 +381,13 @@ class MLP(nn.Module):
 class Head(nn.Module):
     """MLP followed by an output layer (with bias); `zero` zero-initialises the output.
 
-    `pad_to` (the agent sets it for the 255-bin heads, `train.pad_bins`): without gradient,
-    the output layer multiplies with its rows padded by zeros to a multiple of `pad_to` and
-    returns the first `out_dim` columns, a view: the same function, to rounding. MKL's CPU
-    sgemm over 15,360 imagined states takes ~2x as long for 255 output columns as for 256
-    (docs/performance.md). With gradient the slice's backward would cost a pass over the
-    padded gradient, so that product stays as it is."""
+    `pad_to` (the agent sets it for the 255-bin heads, `train.pad_bins`): the output layer
+    multiplies with its rows padded by zeros to a multiple of `pad_to` and returns the first
+    `out_dim` columns, a view: the same function, to rounding. MKL's CPU sgemm over 15,360
+    imagined states takes ~2x as long for 255 output columns as for 256 (docs/performance.md).
+    With gradient the backward is the plain layer's, on the unpadded shapes (`_PaddedLinear`):
+    the backward products are not slower at 255, and autograd through the slice would pass
+    over a zero-padded copy of the gradient."""
 
     pad_to = 0
 
@@ -398,11 +399,42 @@ class Head(nn.Module):
     def forward(self, x: torch.Tensor | OneHotCat) -> torch.Tensor:
         h = self.mlp(x)
         extra = -self.out.out_features % self.pad_to if self.pad_to else 0
-        if extra and not torch.is_grad_enabled():
-            w = F.pad(self.out.weight, (0, 0, 0, extra))
-            b = F.pad(self.out.bias, (0, extra))
-            return F.linear(h, w, b)[..., :self.out.out_features]
-        return self.out(h)
+        if not extra:
+            return self.out(h)
+        if torch.is_grad_enabled():
+            return _PaddedLinear.apply(h, self.out.weight, self.out.bias, extra)
+        return _padded_linear(h, self.out.weight, self.out.bias, extra)
+
+
+def _padded_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, extra: int) -> torch.Tensor:
+    """F.linear(x, w, b) from w and b padded by `extra` zero rows: the first columns, a view."""
+    return F.linear(x, F.pad(w, (0, 0, 0, extra)), F.pad(b, (0, extra)))[..., :w.shape[0]]
+
+
+class _PaddedLinear(torch.autograd.Function):
+    """`_padded_linear` with the plain layer's gradients, computed on the unpadded shapes in
+    the dtype the product ran in (bf16 under autocast, as autocast's own linear)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, extra: int):
+        out = _padded_linear(x, w, b, extra)
+        ctx.save_for_backward(x, w)
+        ctx.dtypes = x.dtype, w.dtype, b.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, w = ctx.saved_tensors
+        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        rows = grad.reshape(-1, grad.shape[-1])
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = (grad @ w.to(grad.dtype)).to(x_dtype)
+        if ctx.needs_input_grad[1]:
+            grad_w = (rows.t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype)).to(w_dtype)
+        if ctx.needs_input_grad[2]:
+            grad_b = rows.sum(0).to(b_dtype)
+        return grad_x, grad_w, grad_b, None
 
 
 class NormGRUCell(nn.Module):

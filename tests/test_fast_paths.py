@@ -128,29 +128,58 @@ def test_updates_with_and_without_gather_give_the_same_losses(action, grad):
 
 @pytest.mark.parametrize("shape", [(7, 255), (3, 5, 255), (4, 41)])
 def test_padded_head_product_equals_the_plain_one(shape):
-    """`Head.pad_to`: without gradient the output layer's product runs on rows padded to a
-    multiple of 8 and the first out_dim columns come back as a view; with gradient the
-    plain product runs (same values and gradients)."""
+    """`Head.pad_to`: the output layer's product runs on rows padded to a multiple of 8 and
+    the first out_dim columns come back as a view, with and without gradient; with gradient
+    the parameters and the input get the plain layer's gradients."""
     torch.manual_seed(0)
     *lead, out_dim = shape
     head = Head(6, 16, 1, out_dim)
     torch.nn.init.normal_(head.out.weight)
     torch.nn.init.normal_(head.out.bias)
     x = torch.randn(*lead, 6)
+    padded_stride = out_dim + (-out_dim % 8)
     with torch.no_grad():
         ref = head(x)
         head.pad_to = 8
         out = head(x)
     assert out.shape == ref.shape
-    assert out.stride(-2) == out_dim + (-out_dim % 8)  # a view of the padded product
+    assert out.stride(-2) == padded_stride  # a view of the padded product
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
-    y = head(x)  # with gradient
-    assert y.is_contiguous()
-    grads = torch.autograd.grad(y.square().sum(), list(head.parameters()))
-    head.pad_to = 0
-    ref_grads = torch.autograd.grad(head(x).square().sum(), list(head.parameters()))
+
+    def value_and_grads(pad_to):
+        head.pad_to = pad_to
+        xg = x.clone().requires_grad_()
+        y = head(xg)
+        weight = torch.linspace(-1, 1, y.numel()).reshape(y.shape)  # not symmetric in y
+        grads = torch.autograd.grad((weight * y.square()).sum(), [xg, *head.parameters()])
+        return y, grads
+
+    y, grads = value_and_grads(8)
+    assert y.stride(-2) == padded_stride and y.grad_fn is not None
+    ref_y, ref_grads = value_and_grads(0)
+    torch.testing.assert_close(y, ref_y, rtol=1e-6, atol=1e-6)
+    assert len(grads) == len(ref_grads) == 1 + len(list(head.parameters()))
     for a, b in zip(grads, ref_grads):
-        assert torch.equal(a, b)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_padded_head_product_under_bf16_autocast_matches_autocasts_own_linear():
+    """With gradient under bf16 autocast, the padded product's backward runs in bf16 as
+    autocast's linear does, and hands back fp32 gradients of the fp32 parameters."""
+    torch.manual_seed(0)
+    head = Head(6, 16, 1, 255)
+    torch.nn.init.normal_(head.out.weight)
+    x = torch.randn(5, 6)
+    grads = {}
+    for pad_to in (0, 8):
+        head.pad_to = pad_to
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = head(x)
+        assert y.dtype == torch.bfloat16
+        grads[pad_to] = torch.autograd.grad(y.float().square().sum(), list(head.parameters()))
+    for a, b in zip(grads[8], grads[0]):
+        assert a.dtype == b.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-2)
 
 
 def test_updates_with_and_without_padded_bins_give_the_same_losses():
