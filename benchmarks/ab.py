@@ -14,7 +14,9 @@ per-round ratios `first variant's ms / this variant's ms` cancel drifts that mak
 separate runs' medians move by tens of percent here. Prints per variant the median / min / max
 ms and the median ratio to the first variant with its interquartile range; writes JSON with
 the machine's description. A variant is `NAME=OPTIONS`, the options any of `--compile`,
-`--malloc tuned|default`, `--set KEY=VALUE ...` (none: `NAME=`). Numbers, not asserts.
+`--malloc tuned|default`, `--set KEY=VALUE ...`, `--tree PATH` (lucid imported from another
+checkout, e.g. `git worktree add /tmp/base HEAD~1`: two commits timed against each other;
+none: `NAME=`). Numbers, not asserts.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def variant_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true")
     p.add_argument("--malloc", default="tuned", choices=["tuned", "default"])
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
+    p.add_argument("--tree", default=None, metavar="PATH",
+                   help="import lucid from this checkout (e.g. a `git worktree` of another "
+                        "commit) instead of this one")
     return p
 
 
@@ -48,6 +53,9 @@ def worker(a: argparse.Namespace, v: argparse.Namespace) -> None:
     answering with its seconds."""
     if a.threads:
         torch.set_num_threads(a.threads)
+    if v.tree:
+        sys.path.insert(0, str(Path(v.tree).resolve()))
+    import lucid
     from lucid.system import tune_malloc
     if v.malloc == "tuned":
         tune_malloc()
@@ -64,7 +72,8 @@ def worker(a: argparse.Namespace, v: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     for _ in range(a.warmup):
         agent.train_step(batch)
-    print(json.dumps({"ready": time.perf_counter() - t0}), flush=True)
+    print(json.dumps({"ready": time.perf_counter() - t0,
+                      "lucid": str(Path(lucid.__file__).parent)}), flush=True)
     for line in sys.stdin:
         if line.strip() != "go":
             break
@@ -118,7 +127,11 @@ def main(argv=None) -> None:
             variant_parser().parse_args(shlex.split(opts))
         except SystemExit:
             p.error(f"variant {name!r}: bad options {opts!r} (use --compile, --malloc "
-                    f"tuned|default, --set KEY=VALUE ...)")
+                    f"tuned|default, --set KEY=VALUE ..., --tree PATH)")
+        tree = variant_parser().parse_args(shlex.split(opts)).tree
+        if tree and not (Path(tree) / "lucid" / "__init__.py").is_file():
+            p.error(f"variant {name!r}: --tree {tree} holds no lucid/__init__.py (make one "
+                    f"with `git worktree add {tree} COMMIT`)")
     common = ["--size", a.size, "--obs", a.obs, "--action", a.action, "--batch", str(a.batch),
               "--length", str(a.length), "--threads", str(a.threads), "--warmup", str(a.warmup)]
     procs, ready = {}, {}
@@ -127,8 +140,10 @@ def main(argv=None) -> None:
             procs[name] = subprocess.Popen(
                 [sys.executable, __file__, *common, f"--worker={opts}"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            ready[name] = _reply(procs[name], name)["ready"]
-            print(f"{name}: warm after {ready[name]:.1f} s", flush=True)
+            reply = _reply(procs[name], name)
+            ready[name] = reply["ready"]
+            print(f"{name}: warm after {ready[name]:.1f} s (lucid from {reply['lucid']})",
+                  flush=True)
         times: dict[str, list[float]] = {n: [] for n in names}
         for r in range(a.rounds):
             for name in (names if r % 2 == 0 else names[::-1]):

@@ -1,0 +1,38 @@
+"""benchmarks/ab.py end to end at a tiny shape: worker processes, rounds, ratios, JSON, and a
+variant that imports lucid from another checkout (`--tree`)."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ab_times_two_checkouts_against_each_other(tmp_path):
+    tree = tmp_path / "other"
+    shutil.copytree(ROOT / "lucid", tree / "lucid")
+    out = tmp_path / "ab.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "ab.py"), "--size", "nano", "--batch", "2",
+         "--length", "4", "--threads", "1", "--warmup", "1", "--rounds", "3",
+         "--variant", "here=", "--variant", f"there=--tree {tree} --set train.pad_bins=false",
+         "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert f"lucid from {tree / 'lucid'}" in run.stdout
+    assert f"lucid from {ROOT / 'lucid'}" in run.stdout
+    rows = json.loads(out.read_text())["results"]
+    assert [r["variant"] for r in rows] == ["here", "there"]
+    for r in rows:
+        assert len(r["ms"]) == 3 and all(ms > 0 for ms in r["ms"])
+    assert rows[0]["ratio_to_first_median"] == 1.0
+    assert rows[1]["ratio_to_first_median"] > 0
+
+
+def test_ab_refuses_a_tree_without_lucid(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "ab.py"), "--variant", "a=",
+         "--variant", f"b=--tree {tmp_path}"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "holds no lucid/__init__.py" in run.stderr and "git worktree add" in run.stderr
