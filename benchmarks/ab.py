@@ -124,11 +124,10 @@ def main(argv=None) -> None:
         p.error(f"variant names must differ: {names}")
     for name, opts in a.variant:  # refuse a bad option before anything starts
         try:
-            variant_parser().parse_args(shlex.split(opts))
+            tree = variant_parser().parse_args(shlex.split(opts)).tree
         except SystemExit:
             p.error(f"variant {name!r}: bad options {opts!r} (use --compile, --malloc "
                     f"tuned|default, --set KEY=VALUE ..., --tree PATH)")
-        tree = variant_parser().parse_args(shlex.split(opts)).tree
         if tree and not (Path(tree) / "lucid" / "__init__.py").is_file():
             p.error(f"variant {name!r}: --tree {tree} holds no lucid/__init__.py (make one "
                     f"with `git worktree add {tree} COMMIT`)")

@@ -417,23 +417,21 @@ class _PaddedLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, extra: int):
-        out = _padded_linear(x, w, b, extra)
         ctx.save_for_backward(x, w)
-        ctx.dtypes = x.dtype, w.dtype, b.dtype
-        return out
+        ctx.bias_dtype = b.dtype
+        return _padded_linear(x, w, b, extra)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        x, w = ctx.saved_tensors
-        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        x, w = ctx.saved_tensors  # as passed in (fp32 under autocast): their own dtypes
         rows = grad.reshape(-1, grad.shape[-1])
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = (grad @ w.to(grad.dtype)).to(x_dtype)
+            grad_x = (grad @ w.to(grad.dtype)).to(x.dtype)
         if ctx.needs_input_grad[1]:
-            grad_w = (rows.t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype)).to(w_dtype)
+            grad_w = (rows.t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype)).to(w.dtype)
         if ctx.needs_input_grad[2]:
-            grad_b = rows.sum(0).to(b_dtype)
+            grad_b = rows.sum(0).to(ctx.bias_dtype)
         return grad_x, grad_w, grad_b, None
 
 
