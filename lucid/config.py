@@ -129,7 +129,7 @@ class TrainConfig:
     prefetch: bool = False  # sample the next batch on a background thread during the update
     onehot_gather: bool = True  # imagined z as indices: layers gather, no one-hot matmul
     channels_last: bool = True  # image encoder convolutions on NHWC memory
-    pad_bins: bool = True  # 255-bin head products run 256 columns wide, then sliced (same gradients)
+    pad_bins: bool = True  # 255-bin heads give 256 logits, the extra one -inf (same distribution)
     # CUDA only: capture the whole update (losses, backward passes, optimiser steps) as one
     # CUDA graph and replay it per batch (lucid.agent.GraphedUpdate); one process, fixed B, T.
     cuda_graph: bool = False  # replay the update as one captured CUDA graph (GPU only)

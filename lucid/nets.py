@@ -43,6 +43,8 @@ class TwoHot:
 
     `encode(y)` maps a real-valued symlog target to a (..., num_bins) vector with weight on
     the two nearest bins (linear interpolation); targets outside the range go to the edge bin.
+    Logits (..., W) may be wider than num_bins, W >= num_bins, where the extra columns are
+    -inf (the padded heads, `Head.pad_to`): probabilities exactly 0, so the same distribution.
     """
 
     def __init__(self, num_bins: int = 255, low: float = -20.0, high: float = 20.0):
@@ -81,6 +83,9 @@ class TwoHot:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """softmax over the bins, in fp32 whatever the logits' dtype (bf16 autocast). One
         softmax serves the mean and the losses of the same logits (`mean_of`, `losses`)."""
+        if logits.shape[-1] < self.num_bins:
+            raise ValueError(f"two-hot logits have {logits.shape[-1]} columns, fewer than the "
+                             f"{self.num_bins} bins: the head's out_dim must be num_bins")
         return torch.softmax(fp32(logits), -1)
 
     def mean(self, logits: torch.Tensor) -> torch.Tensor:
@@ -91,12 +96,12 @@ class TwoHot:
         """`mean` from the bins' probabilities. Mirrored bins are taken pairwise, sum_j bin_j
         (p_j - p_-j) over the positive bins, so equal logits give exactly 0 (as in the
         authors' code)."""
-        bins = self.bins(probs)
-        m = self.num_bins // 2
-        if self.num_bins % 2 and self.low == -self.high:  # bins[m] = 0: it adds nothing
-            avg = (probs[..., m + 1:] - probs[..., :m].flip(-1)) @ bins[m + 1:]
+        bins, n = self.bins(probs), self.num_bins
+        m = n // 2
+        if n % 2 and self.low == -self.high:  # bins[m] = 0: it adds nothing
+            avg = (probs[..., m + 1:n] - probs[..., :m].flip(-1)) @ bins[m + 1:]
         else:
-            avg = probs @ bins
+            avg = probs[..., :n] @ bins
         return symexp(avg)
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -381,13 +386,14 @@ class MLP(nn.Module):
 class Head(nn.Module):
     """MLP followed by an output layer (with bias); `zero` zero-initialises the output.
 
-    `pad_to` (the agent sets it for the 255-bin heads, `train.pad_bins`): the output layer
-    multiplies with its rows padded by zeros to a multiple of `pad_to` and returns the first
-    `out_dim` columns, a view: the same function, to rounding. MKL's CPU sgemm over 15,360
-    imagined states takes ~2x as long for 255 output columns as for 256 (docs/performance.md).
-    With gradient the backward is the plain layer's, on the unpadded shapes (`_PaddedLinear`):
-    the backward products are not slower at 255, and autograd through the slice would pass
-    over a zero-padded copy of the gradient."""
+    `pad_to` (the agent sets it for the 255-bin heads, `train.pad_bins`): logits for a
+    softmax come back padded to a multiple of `pad_to` columns, the extra ones -inf, i.e.
+    probability exactly 0 (`TwoHot` reads logits of any width >= num_bins this way): the same
+    distribution. The product runs with the output layer's rows padded by zeros (bias -inf)
+    and its result is used as it is: MKL's CPU sgemm over 15,360 imagined states takes ~2x as
+    long for 255 output columns as for 256, and a softmax over a 255-column slice of it would
+    first copy the slice (docs/performance.md). With gradient the backward is the plain
+    layer's, from the gradient's first out_dim columns (`_PaddedLinear`)."""
 
     pad_to = 0
 
@@ -407,13 +413,15 @@ class Head(nn.Module):
 
 
 def _padded_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, extra: int) -> torch.Tensor:
-    """F.linear(x, w, b) from w and b padded by `extra` zero rows: the first columns, a view."""
-    return F.linear(x, F.pad(w, (0, 0, 0, extra)), F.pad(b, (0, extra)))[..., :w.shape[0]]
+    """F.linear(x, w, b) followed by `extra` columns of -inf logits: w padded by zero rows,
+    b by -inf."""
+    return F.linear(x, F.pad(w, (0, 0, 0, extra)), F.pad(b, (0, extra), value=float("-inf")))
 
 
 class _PaddedLinear(torch.autograd.Function):
-    """`_padded_linear` with the plain layer's gradients, computed on the unpadded shapes in
-    the dtype the product ran in (bf16 under autocast, as autocast's own linear)."""
+    """`_padded_linear` with the plain layer's gradients: the padded columns' gradient is
+    dropped, and the products run in the dtype the forward ran in (bf16 under autocast, as
+    autocast's own linear)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, extra: int):
@@ -424,14 +432,15 @@ class _PaddedLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, w = ctx.saved_tensors  # as passed in (fp32 under autocast): their own dtypes
-        rows = grad.reshape(-1, grad.shape[-1])
+        n = w.shape[0]
+        rows = grad.reshape(-1, grad.shape[-1])  # (rows, n + extra), contiguous
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = (grad @ w.to(grad.dtype)).to(x.dtype)
-        if ctx.needs_input_grad[1]:
-            grad_w = (rows.t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype)).to(w.dtype)
+            grad_x = (grad[..., :n] @ w.to(grad.dtype)).to(x.dtype)
+        if ctx.needs_input_grad[1]:  # column sums and products over all rows, then the first n
+            grad_w = (rows.t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype))[:n].to(w.dtype)
         if ctx.needs_input_grad[2]:
-            grad_b = rows.sum(0).to(ctx.bias_dtype)
+            grad_b = rows.sum(0)[:n].to(ctx.bias_dtype)
         return grad_x, grad_w, grad_b, None
 
 

@@ -1,5 +1,5 @@
 """Speed switches that must not change the maths: `train.onehot_gather` (imagined latents as
-class indices, nets.OneHotCat), `train.pad_bins` (no-grad 255-bin head products 256 wide)
+class indices, nets.OneHotCat), `train.pad_bins` (255-bin head logits 256 wide, the extra column -inf)
 and `train.channels_last` (NHWC encoder convolutions). Each is compared with the plain
 computation it replaces."""
 
@@ -127,40 +127,65 @@ def test_updates_with_and_without_gather_give_the_same_losses(action, grad):
 
 
 @pytest.mark.parametrize("shape", [(7, 255), (3, 5, 255), (4, 41)])
-def test_padded_head_product_equals_the_plain_one(shape):
-    """`Head.pad_to`: the output layer's product runs on rows padded to a multiple of 8 and
-    the first out_dim columns come back as a view, with and without gradient; with gradient
-    the parameters and the input get the plain layer's gradients."""
+def test_padded_head_gives_the_plain_logits_and_minus_inf_columns(shape):
+    """`Head.pad_to`: the logits come back padded to a multiple of 8 columns, the first
+    out_dim the plain layer's and the rest -inf (probability exactly 0), with and without
+    gradient; a softmax of them is the plain softmax followed by zeros."""
+    torch.manual_seed(0)
+    *lead, out_dim = shape
+    width = out_dim + (-out_dim % 8)
+    head = Head(6, 16, 1, out_dim)
+    torch.nn.init.normal_(head.out.weight)
+    torch.nn.init.normal_(head.out.bias)
+    x = torch.randn(*lead, 6)
+    for grad in (False, True):
+        head.pad_to = 0
+        with torch.set_grad_enabled(grad):
+            ref = head(x)
+            head.pad_to = 8
+            out = head(x)
+        assert out.shape == (*lead, width) and out.is_contiguous()
+        assert (out.grad_fn is not None) == grad
+        torch.testing.assert_close(out[..., :out_dim], ref, rtol=1e-6, atol=1e-6)
+        assert torch.all(out[..., out_dim:] == float("-inf"))
+        soft = torch.softmax(out, -1)
+        assert torch.all(soft[..., out_dim:] == 0.0)
+        torch.testing.assert_close(soft[..., :out_dim], torch.softmax(ref, -1))
+
+
+@pytest.mark.parametrize("shape", [(7, 255), (3, 5, 255), (4, 41)])
+def test_padded_head_has_the_plain_layers_gradients(shape):
+    """Gradients of the input and the parameters equal the plain layer's, for a loss on the
+    first out_dim columns and for autograd's log-softmax over all columns (whose gradient at
+    the -inf columns is 0); a gradient arriving at the padded columns is dropped."""
     torch.manual_seed(0)
     *lead, out_dim = shape
     head = Head(6, 16, 1, out_dim)
     torch.nn.init.normal_(head.out.weight)
     torch.nn.init.normal_(head.out.bias)
     x = torch.randn(*lead, 6)
-    padded_stride = out_dim + (-out_dim % 8)
-    with torch.no_grad():
-        ref = head(x)
-        head.pad_to = 8
-        out = head(x)
-    assert out.shape == ref.shape
-    assert out.stride(-2) == padded_stride  # a view of the padded product
-    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    weight = torch.linspace(-1, 1, x[..., :1].numel() * out_dim).reshape(*lead, out_dim)
 
-    def value_and_grads(pad_to):
+    def grads(pad_to, loss_of):
         head.pad_to = pad_to
         xg = x.clone().requires_grad_()
-        y = head(xg)
-        weight = torch.linspace(-1, 1, y.numel()).reshape(y.shape)  # not symmetric in y
-        grads = torch.autograd.grad((weight * y.square()).sum(), [xg, *head.parameters()])
-        return y, grads
+        return torch.autograd.grad(loss_of(head(xg)), [xg, *head.parameters()])
 
-    y, grads = value_and_grads(8)
-    assert y.stride(-2) == padded_stride and y.grad_fn is not None
-    ref_y, ref_grads = value_and_grads(0)
-    torch.testing.assert_close(y, ref_y, rtol=1e-6, atol=1e-6)
-    assert len(grads) == len(ref_grads) == 1 + len(list(head.parameters()))
-    for a, b in zip(grads, ref_grads):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    losses = {
+        "first columns": lambda y: (weight * y[..., :out_dim].square()).sum(),
+        "log-softmax": lambda y: -(weight.abs() * torch.log_softmax(y, -1)[..., :out_dim]).sum(),
+    }
+    for name, loss_of in losses.items():
+        got, ref = grads(8, loss_of), grads(0, loss_of)
+        assert len(got) == len(ref) == 1 + len(list(head.parameters()))
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4, msg=name)  # sums of ~500
+    if out_dim % 8:  # a gradient of 1 on every padded column changes nothing
+        got = grads(8, lambda y: (weight * y[..., :out_dim].square()).sum()
+                    + y[..., out_dim:].sum())  # -inf, with a gradient of 1 there
+        ref = grads(0, losses["first columns"])
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_padded_head_product_under_bf16_autocast_matches_autocasts_own_linear():
@@ -175,8 +200,9 @@ def test_padded_head_product_under_bf16_autocast_matches_autocasts_own_linear():
         head.pad_to = pad_to
         with torch.autocast("cpu", dtype=torch.bfloat16):
             y = head(x)
-        assert y.dtype == torch.bfloat16
-        grads[pad_to] = torch.autograd.grad(y.float().square().sum(), list(head.parameters()))
+        assert y.dtype == torch.bfloat16 and y.shape == (5, 256 if pad_to else 255)
+        grads[pad_to] = torch.autograd.grad(y[:, :255].float().square().sum(),
+                                            list(head.parameters()))
     for a, b in zip(grads[8], grads[0]):
         assert a.dtype == b.dtype == torch.float32
         torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-2)

@@ -255,6 +255,34 @@ def test_twohot_mean_matches_numpy():
     np.testing.assert_allclose(th.mean(peak).item(), np_symexp(PAPER_BINS[200]), rtol=1e-12)
 
 
+@pytest.mark.parametrize("num_bins,low", [(255, -20.0), (11, -5.0), (10, -3.0)])
+def test_twohot_reads_logits_padded_with_minus_inf(num_bins, low):
+    """Logits wider than num_bins whose extra columns are -inf (the padded heads) give the
+    same probabilities (followed by zeros), means, losses and gradients as the plain ones;
+    fewer columns than bins is refused."""
+    th = TwoHot(num_bins=num_bins, low=low, high=20.0 if num_bins == 255 else 5.0)
+    torch.manual_seed(4)
+    plain = (torch.randn(3, 4, num_bins, dtype=F64) * 2).requires_grad_(True)
+    extra = -num_bins % 8 or 8
+    padded = torch.cat([plain, torch.full((3, 4, extra), float("-inf"), dtype=F64)], -1)
+    targets = [torch.randn(3, 4, dtype=F64) * 10, torch.randn(3, 4, dtype=F64)]
+    p_plain, p_padded = th.probs(plain), th.probs(padded)
+    assert torch.all(p_padded[..., num_bins:] == 0.0)
+    torch.testing.assert_close(p_padded[..., :num_bins], p_plain, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(th.mean(padded), th.mean(plain), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(th.mean_of(p_padded), th.mean_of(p_plain), rtol=1e-12, atol=1e-12)
+    g = torch.rand(2, 3, 4, dtype=F64)
+    grads = []
+    for logits in (plain, padded):
+        out = th.losses(logits, *targets, probs=th.probs(logits))
+        grads.append(torch.autograd.grad(sum((gk * lk).sum() for gk, lk in zip(g, out)), plain)[0])
+        for lk, ref in zip(out, th.losses(plain.detach(), *targets)):
+            torch.testing.assert_close(lk, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="fewer than"):
+        th.mean(plain[..., :-1])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_twohot_mean_of_uniform_logits_is_exactly_zero(dtype):
     # Zero-initialised reward/critic output layers give all-zero logits; with bins symmetric
