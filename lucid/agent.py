@@ -13,6 +13,7 @@ import contextlib
 import torch
 from torch import nn
 
+from . import kernels
 from .behavior import (Actor, Critic, ReturnNorm, actor_loss, critic_loss, imagined_weights,
                        lambda_return, replay_critic_loss, replay_lambda_return)
 from .config import Config
@@ -71,6 +72,7 @@ class Agent:
         self.wm.skip_resets = self.device.type == "cpu"
         for head in (self.wm.reward, self.critic.net, self.critic.slow):  # 255-bin heads
             head.pad_to = 8 if t.pad_bins else 0
+        kernels.enable(t.cpp_kernels)  # process-wide, as the last agent built asks
         graph = t.cuda_graph
         self.opt_wm = _adam(self.wm.parameters(), t.model_lr, t.model_eps, graph)
         self.opt_actor = _adam(self.actor.parameters(), t.actor_lr, t.actor_eps, graph)

@@ -1,11 +1,12 @@
 """Speed switches that must not change the maths: `train.onehot_gather` (imagined latents as
-class indices, nets.OneHotCat), `train.pad_bins` (255-bin head logits 256 wide, the extra column -inf)
-and `train.channels_last` (NHWC encoder convolutions). Each is compared with the plain
-computation it replaces."""
+class indices, nets.OneHotCat), `train.pad_bins` (255-bin head logits 256 wide, the extra one
+-inf), `train.channels_last` (NHWC encoder convolutions) and `train.cpp_kernels` (C++ kernels,
+lucid.kernels). Each is compared with the plain computation it replaces."""
 
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from train_step import batch_for, spaces  # noqa: E402
 
+from lucid import kernels  # noqa: E402
 from lucid.agent import Agent  # noqa: E402
 from lucid.config import make_config  # noqa: E402
 from lucid.nets import (Head, ImageEncoder, OneHotCat, gather_sum, linear,  # noqa: E402
@@ -236,3 +238,77 @@ def test_agent_sets_the_encoder_layout_from_the_config():
     for flag in (False, True):
         cfg = make_config("default", model={"size": "nano"}, train={"channels_last": flag})
         assert Agent(obs_spec, act_spec, cfg).wm.encoder.cnn.channels_last is flag
+
+
+# --------------------------------------------------------------------------- train.cpp_kernels
+
+
+@pytest.fixture
+def cpp_kernels():
+    """lucid's C++ kernels, enabled for one test (built at the first test that asks)."""
+    kernels.enable(True)
+    yield kernels
+    kernels.enable(False)
+
+
+@pytest.mark.parametrize("rows,G,K,units", [(7, 3, 5, 4), (1000, 4, 6, 9), (15360, 16, 16, 64)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpp_table_grad_is_numpys_scatter_add(cpp_kernels, rows, G, K, units, threads):
+    """table_grad[idx[r, g]] += grad[r] against numpy's unbuffered np.add.at in float64, on one
+    thread and split over two (7 rows: one part), and the same bits on every call."""
+    torch.manual_seed(0)
+    idx = torch.randint(0, K, (rows, G)) + torch.arange(0, G * K, K)
+    grad = torch.randn(rows, units)
+    ref = np.zeros((G * K, units))
+    np.add.at(ref, idx.numpy().ravel(), np.repeat(grad.double().numpy(), G, axis=0))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = kernels.table_grad(idx, grad, G * K)
+        again = kernels.table_grad(idx, grad, G * K)
+    finally:
+        torch.set_num_threads(before)
+    assert got.dtype == torch.float32 and got.shape == (G * K, units)
+    np.testing.assert_allclose(got.double().numpy(), ref, rtol=1e-5, atol=1e-5 * rows ** 0.5)
+    assert torch.equal(got, again)
+
+
+def test_cpp_table_grad_is_the_gather_sum_gradient(cpp_kernels):
+    """With the kernels on, `gather_sum`'s table gradient (one C++ pass) equals the one-hot
+    product's and the index_add_ path's, and non-contiguous inputs are taken as they are."""
+    torch.manual_seed(0)
+    rows, G, K, units = 2000, 5, 7, 12
+    idx = torch.randint(0, K, (rows, G)) + torch.arange(0, G * K, K)
+    table = torch.randn(G * K, units, requires_grad=True)
+    g_out = torch.randn(units, rows).t()  # a transposed view, as autograd may hand it over
+    (grad,) = torch.autograd.grad(gather_sum(idx, table), table, g_out)
+    onehot = torch.zeros(rows, G * K).scatter_(1, idx, 1.0)
+    torch.testing.assert_close(grad, onehot.t() @ g_out, rtol=1e-5, atol=1e-4)
+    kernels.enable(False)
+    (plain,) = torch.autograd.grad(gather_sum(idx, table), table, g_out)
+    torch.testing.assert_close(grad, plain, rtol=1e-5, atol=1e-4)
+    assert kernels.table_grad(idx, g_out.contiguous(), G * K) is None  # off: the ATen path
+
+
+def test_updates_with_and_without_cpp_kernels_give_the_same_losses():
+    _, plain = _three_updates("discrete", cpp_kernels=False)
+    agent, fused = _three_updates("discrete", cpp_kernels=True)
+    try:
+        assert kernels._enabled
+        _assert_same_metrics(plain, fused)
+    finally:
+        kernels.enable(False)
+
+
+def test_cpp_kernels_that_cannot_be_built_name_the_fix(monkeypatch):
+    """No C++ compiler: the error says what failed and the two ways out."""
+    import torch.utils.cpp_extension as ext
+
+    def no_compiler(*args, **kwargs):
+        raise OSError("g++: command not found")
+
+    monkeypatch.setattr(kernels, "_module", None)
+    monkeypatch.setattr(ext, "load_inline", no_compiler)
+    with pytest.raises(RuntimeError, match="g\\+\\+: command not found.*train.cpp_kernels=false"):
+        kernels.enable(True)
+    assert not kernels._enabled
