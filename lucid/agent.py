@@ -238,9 +238,8 @@ class Agent:
                 dist = actor.params(feat[:-1])
                 critic_logits = critic(feat[:-1])  # for the critic loss
                 with torch.no_grad():
-                    critic_probs = critic.twohot.probs(critic_logits)
-                    value = torch.cat([critic.twohot.mean_of(critic_probs),
-                                       critic.value(feat[-1:])])
+                    critic_probs, critic_value = critic.twohot.probs_and_mean(critic_logits)
+                    value = torch.cat([critic_value, critic.value(feat[-1:])])
         ret = lambda_return(reward, cont, value, t.gamma, t.lam)  # fp32, outside autocast
         weight = imagined_weights(cont, t.gamma).detach()
         self.retnorm.update(ret if self.gather is None else self.gather(ret.detach()))

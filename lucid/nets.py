@@ -85,14 +85,36 @@ class TwoHot:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """softmax over the bins, in fp32 whatever the logits' dtype (bf16 autocast). One
         softmax serves the mean and the losses of the same logits (`mean_of`, `losses`)."""
+        self._check_width(logits)
+        return torch.softmax(fp32(logits), -1)
+
+    def _check_width(self, logits: torch.Tensor) -> None:
         if logits.shape[-1] < self.num_bins:
             raise ValueError(f"two-hot logits have {logits.shape[-1]} columns, fewer than the "
                              f"{self.num_bins} bins: the head's out_dim must be num_bins")
-        return torch.softmax(fp32(logits), -1)
 
     def mean(self, logits: torch.Tensor) -> torch.Tensor:
         """Expected value in real space: symexp(sum_i softmax(logits)_i * bin_i)."""
+        if self._fused(logits):
+            return symexp(twohot_softmax_mean(fp32(logits), self.bins(fp32(logits)), False)[1])
         return self.mean_of(self.probs(logits))
+
+    def probs_and_mean(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`probs(logits)` and `mean(logits)`, in one pass with `train.cpp_kernels` (without
+        gradient: the critic's values and the probabilities its loss reuses)."""
+        if self._fused(logits):
+            probs, avg = twohot_softmax_mean(fp32(logits), self.bins(fp32(logits)), True)
+            return probs, symexp(avg)
+        probs = self.probs(logits)
+        return probs, self.mean_of(probs)
+
+    def _fused(self, logits: torch.Tensor) -> bool:
+        """Whether the C++ softmax-and-mean applies: enabled, on CPU, bins symmetric about
+        an exact 0 (the pairwise mean) and no gradient wanted."""
+        self._check_width(logits)
+        return (kernels.enabled() and logits.device.type == "cpu"
+                and self.num_bins % 2 == 1 and self.low == -self.high
+                and not (torch.is_grad_enabled() and logits.requires_grad))
 
     def mean_of(self, probs: torch.Tensor) -> torch.Tensor:
         """`mean` from the bins' probabilities. Mirrored bins are taken pairwise, sum_j bin_j
@@ -126,6 +148,22 @@ class TwoHot:
             # rounding): logsumexp = max logit - log(max prob), no second pass of exp.
             lse = logits.amax(-1, keepdim=True) - probs.amax(-1, keepdim=True).log()
         return list(_TwoHotNLL.apply(logits, probs, lse, below, w_above).unbind(0))
+
+
+@torch.library.custom_op("lucid::twohot_softmax_mean", mutates_args=())
+def twohot_softmax_mean(logits: torch.Tensor, bins: torch.Tensor,
+                        with_probs: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(softmax(logits) or an empty tensor, the two-hot mean in symlog space) of float32
+    logits (..., W >= bins) in one C++ pass per row (`lucid.kernels`, `train.cpp_kernels`);
+    no gradient. An opaque operator, so `train.compile` calls it as it is."""
+    probs, mean = kernels.module().twohot_softmax_mean(logits, bins, bins.numel(), with_probs)
+    return probs, mean
+
+
+@twohot_softmax_mean.register_fake
+def _(logits: torch.Tensor, bins: torch.Tensor, with_probs: bool):
+    return (logits.new_empty(logits.shape if with_probs else (0,)),
+            logits.new_empty(logits.shape[:-1]))
 
 
 class _TwoHotNLL(torch.autograd.Function):

@@ -14,11 +14,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from train_step import batch_for, spaces  # noqa: E402
 
-from lucid import kernels  # noqa: E402
+from lucid import kernels, nets  # noqa: E402
 from lucid.agent import Agent  # noqa: E402
 from lucid.config import make_config  # noqa: E402
-from lucid.nets import (Head, ImageEncoder, OneHotCat, gather_sum, linear,  # noqa: E402
-                        linear_in)
+from lucid.nets import (Head, ImageEncoder, OneHotCat, TwoHot, gather_sum,  # noqa: E402
+                        linear, linear_in)
 from lucid.world_model import WorldModel  # noqa: E402
 
 
@@ -312,3 +312,59 @@ def test_cpp_kernels_that_cannot_be_built_name_the_fix(monkeypatch):
     with pytest.raises(RuntimeError, match="g\\+\\+: command not found.*train.cpp_kernels=false"):
         kernels.enable(True)
     assert not kernels._enabled
+
+
+def _np_twohot(logits: np.ndarray, bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """softmax and symlog-space mean in float64, where -inf logits have probability 0."""
+    x = logits.astype(np.float64)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    return p, p[..., :len(bins)] @ bins
+
+
+@pytest.mark.parametrize("num_bins,width,lead", [(255, 256, (15, 64)), (255, 255, (7,)),
+                                                 (11, 16, (3, 4)), (41, 41, (50,))])
+def test_cpp_twohot_softmax_and_mean_are_numpys(cpp_kernels, num_bins, width, lead):
+    """The C++ softmax and two-hot mean against float64 numpy, for padded (-inf) and plain
+    widths, bins fewer and more than one vector, logits spread so far that exp underflows;
+    TwoHot.mean and probs_and_mean take it without gradient and equal the ATen path."""
+    high = 20.0 if num_bins == 255 else 5.0
+    th = TwoHot(num_bins, -high, high)
+    torch.manual_seed(0)
+    logits = torch.randn(*lead, width) * 4
+    logits[..., :3] -= 120.0  # exp underflows in fp32
+    logits[..., num_bins:] = float("-inf")
+    bins = th.bins(logits)
+    probs, avg = nets.twohot_softmax_mean(logits, bins, True)
+    ref_p, ref_avg = _np_twohot(logits.numpy(), bins.double().numpy())
+    np.testing.assert_allclose(probs.numpy(), ref_p, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(avg.numpy(), ref_avg, rtol=1e-5, atol=1e-5)
+    assert probs.shape == logits.shape and avg.shape == lead
+    assert torch.all(probs[..., num_bins:] == 0.0)
+    kernels_mean = th.mean(logits)
+    kernels_probs, kernels_value = th.probs_and_mean(logits)
+    assert torch.equal(kernels_probs, probs)
+    kernels.enable(False)
+    torch.testing.assert_close(kernels_mean, th.mean(logits), rtol=1e-4, atol=1e-5)
+    aten_probs, aten_value = th.probs_and_mean(logits)
+    torch.testing.assert_close(kernels_probs, aten_probs, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(kernels_value, aten_value, rtol=1e-4, atol=1e-5)
+
+
+def test_cpp_twohot_mean_keeps_exact_zeros_and_nans(cpp_kernels):
+    """Equal logits give exactly 0 (the pairwise sum), a row with a NaN or +inf logit gives
+    NaN as softmax does while the other rows stay right, and with gradient wanted TwoHot
+    stays on the differentiable ATen path."""
+    th = TwoHot()
+    logits = torch.zeros(6, 256)
+    logits[:, 255] = float("-inf")
+    logits[4, 17] = float("nan")
+    logits[5, 200] = float("inf")
+    probs, avg = nets.twohot_softmax_mean(logits, th.bins(logits), True)
+    assert torch.equal(avg[:4], torch.zeros(4))
+    assert torch.isnan(avg[4:]).all() and torch.isnan(probs[4:]).all()
+    assert torch.isfinite(probs[:4]).all()
+    x = torch.randn(3, 255, requires_grad=True)
+    value = th.mean(x)
+    assert value.grad_fn is not None
+    torch.autograd.grad(value.sum(), x)
