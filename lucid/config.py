@@ -130,9 +130,10 @@ class TrainConfig:
     onehot_gather: bool = True  # imagined z as indices: layers gather, no one-hot matmul
     channels_last: bool = True  # image encoder convolutions on NHWC memory
     pad_bins: bool = True  # 255-bin heads give 256 logits, the extra one -inf (same distribution)
-    # C++ CPU kernels (lucid.kernels: the one-hot layers' table gradient, and the 255-bin
-    # heads' softmax and two-hot mean without gradient, each in one pass), built once per
-    # machine with the C++ compiler train.compile also needs (~40 s, then cached).
+    # C++ CPU kernels (lucid.kernels: the one-hot layers' table gradient, the 255-bin heads'
+    # softmax and two-hot mean without gradient, the imagined latents' samples, each in one
+    # pass), built once per machine with the C++ compiler train.compile also needs (~40 s,
+    # then cached).
     cpp_kernels: bool = False  # lucid's C++ CPU kernels, built on first use
     # CUDA only: capture the whole update (losses, backward passes, optimiser steps) as one
     # CUDA graph and replay it per batch (lucid.agent.GraphedUpdate); one process, fixed B, T.

@@ -236,6 +236,30 @@ def categorical_index(probs: torch.Tensor, u: torch.Tensor | None = None) -> tor
     return idx.clamp_(max=probs.shape[-1] - 1)  # u above a total that rounded below 1
 
 
+def unimix_index(logits: torch.Tensor, unimix: float, u: torch.Tensor) -> torch.Tensor:
+    """`categorical_index(unimix_probs(logits, unimix), u)` without gradient (the imagined
+    latents), in one C++ pass per (row, group) with `train.cpp_kernels` in eager updates.
+    Compiled graphs keep the ATen ops, which inductor fuses with their neighbours (the
+    opaque kernel was not faster there: 0.98x at mini, docs/performance.md)."""
+    if (kernels.enabled() and logits.device.type == "cpu"
+            and not torch.compiler.is_compiling()):
+        flat = fp32(logits).reshape(-1, logits.shape[-1])
+        return unimix_sample(flat, u.reshape(-1).to(torch.float32),
+                             float(unimix)).reshape(logits.shape[:-1])
+    return categorical_index(unimix_probs(logits, unimix), u)
+
+
+@torch.library.custom_op("lucid::unimix_sample", mutates_args=())
+def unimix_sample(logits: torch.Tensor, u: torch.Tensor, unimix: float) -> torch.Tensor:
+    """`unimix_index` of float32 logits (rows, K) from uniforms u (rows): lucid.kernels."""
+    return kernels.module().unimix_sample(logits, u, unimix)
+
+
+@unimix_sample.register_fake
+def _(logits: torch.Tensor, u: torch.Tensor, unimix: float) -> torch.Tensor:
+    return logits.new_empty(logits.shape[:1], dtype=torch.long)
+
+
 def onehot_sample(logp: torch.Tensor, straight_through: bool = True,
                   u: torch.Tensor | None = None) -> torch.Tensor:
     """One-hot sample of Categorical(exp(logp)) over the last axis (uniforms `u` as in

@@ -18,8 +18,8 @@ from torch import nn
 from .config import ModelConfig, TrainConfig
 from .envs.spaces import ObsSpec
 from .nets import (MLP, Head, ImageDecoder, ImageEncoder, NormGRUCell, OneHotCat, TwoHot,
-                   categorical_index, categorical_kl, fp32, linear, one_hot, onehot_mode,
-                   onehot_sample, symlog, unimix_logits, unimix_probs)
+                   categorical_kl, fp32, linear, one_hot, onehot_mode, onehot_sample, symlog,
+                   unimix_index, unimix_logits, unimix_probs)
 
 
 @dataclass
@@ -279,7 +279,7 @@ class WorldModel(nn.Module):
         uniforms u (N, G, 1), sampled from the probabilities (no log-probs needed); z' as
         class indices if z is, else one-hot."""
         h = self.sequence(h, z, action)
-        idx = categorical_index(unimix_probs(self.prior_logits(h), self.unimix), u)
+        idx = unimix_index(self.prior_logits(h), self.unimix, u)
         return h, (idx if not z.is_floating_point() else one_hot(idx, self.K, h.dtype))
 
     def imagine(self, policy, h: torch.Tensor, z: torch.Tensor, horizon: int):

@@ -368,3 +368,22 @@ def test_cpp_twohot_mean_keeps_exact_zeros_and_nans(cpp_kernels):
     value = th.mean(x)
     assert value.grad_fn is not None
     torch.autograd.grad(value.sum(), x)
+
+
+@pytest.mark.parametrize("G,K", [(4, 4), (16, 16), (32, 32), (3, 11)])
+def test_cpp_latent_samples_are_the_aten_samples(cpp_kernels, G, K):
+    """`unimix_index` with the kernel draws the same classes as categorical_index of
+    unimix_probs from the same uniforms (widths below, at and above one vector), including
+    uniforms beyond the total probability (the last class) and peaked logits."""
+    torch.manual_seed(0)
+    logits = torch.randn(2000, G, K) * 3
+    logits[:50] *= 40  # peaked: most classes underflow
+    u = torch.rand(2000, G, 1)
+    u[:5] = 1.0  # at or above a total that rounds below 1
+    u[5:10] = 0.0
+    got = nets.unimix_index(logits, 0.01, u)
+    kernels.enable(False)
+    ref = nets.unimix_index(logits, 0.01, u)
+    assert got.dtype == torch.long and got.shape == (2000, G)
+    assert torch.equal(got, ref)
+    assert torch.equal(ref, nets.categorical_index(nets.unimix_probs(logits, 0.01), u))
