@@ -181,6 +181,21 @@ LUCID_AVX2 static inline float hmax8(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
 }
 
+// e = exp(l - mx) over a row, returning sum e.
+LUCID_AVX2 static inline float exp_row_avx2(const float* l, float mx, float* e, int64_t width) {
+  const int64_t w8 = width / 8 * 8;
+  const __m256 vm = _mm256_set1_ps(mx);
+  __m256 vs = _mm256_setzero_ps();
+  for (int64_t k = 0; k < w8; k += 8) {
+    const __m256 v = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(l + k), vm));
+    _mm256_storeu_ps(e + k, v);
+    vs = _mm256_add_ps(vs, v);
+  }
+  float s = hsum8(vs);
+  for (int64_t k = w8; k < width; ++k) { e[k] = exp_scalar(l[k] - mx); s += e[k]; }
+  return s;
+}
+
 LUCID_AVX2 static void rows_twohot_avx2(const float* logits, const float* bins, float* probs,
                                         float* mean, float* e, int64_t r0, int64_t r1,
                                         int64_t width, int64_t n) {
@@ -198,15 +213,7 @@ LUCID_AVX2 static void rows_twohot_avx2(const float* logits, const float* bins, 
     bool nan = _mm256_movemask_ps(vnan) != 0;
     for (int64_t k = w8; k < width; ++k) { mx = l[k] > mx ? l[k] : mx; nan |= l[k] != l[k]; }
     if (nan || !std::isfinite(mx)) { bad_row(probs, mean, r, width); continue; }
-    const __m256 vm = _mm256_set1_ps(mx);
-    __m256 vs = _mm256_setzero_ps();
-    for (int64_t k = 0; k < w8; k += 8) {
-      const __m256 v = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(l + k), vm));
-      _mm256_storeu_ps(e + k, v);
-      vs = _mm256_add_ps(vs, v);
-    }
-    float s = hsum8(vs);
-    for (int64_t k = w8; k < width; ++k) { e[k] = exp_scalar(l[k] - mx); s += e[k]; }
+    const float s = exp_row_avx2(l, mx, e, width);
     // sum_j (e[m+1+j] - e[m-1-j]) bins[m+1+j], 8 j at a time (e[m-8-j .. m-1-j] reversed)
     __m256 va = _mm256_setzero_ps();
     int64_t j = 0;
@@ -237,15 +244,7 @@ LUCID_AVX2 static void rows_sample_avx2(const float* logits, const float* u, int
     for (int64_t k = 0; k < k8; k += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(l + k));
     float mx = hmax8(vmax);
     for (int64_t k = k8; k < K; ++k) mx = l[k] > mx ? l[k] : mx;
-    const __m256 vm = _mm256_set1_ps(mx);
-    __m256 vs = _mm256_setzero_ps();
-    for (int64_t k = 0; k < k8; k += 8) {
-      const __m256 v = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(l + k), vm));
-      _mm256_storeu_ps(e + k, v);
-      vs = _mm256_add_ps(vs, v);
-    }
-    float s = hsum8(vs);
-    for (int64_t k = k8; k < K; ++k) { e[k] = exp_scalar(l[k] - mx); s += e[k]; }
+    const float s = exp_row_avx2(l, mx, e, K);
     // p = e / s * (1 - a) + a / K, rounded as inverse_cdf's scalar steps (no fused multiply-add)
     const __m256 vsum = _mm256_set1_ps(s), keep = _mm256_set1_ps(1.0f - a),
                  mix = _mm256_set1_ps(a / (float)K);

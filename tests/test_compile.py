@@ -16,14 +16,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from train_step import batch_for, spaces  # noqa: E402
 
+from lucid import kernels as lucid_kernels  # noqa: E402
 from lucid.agent import Agent  # noqa: E402
 from lucid.config import make_config  # noqa: E402
 
 
-def _losses(compile_: bool, obs: str, action: str, updates: int = 2) -> list[dict]:
+def _losses(compile_: bool, obs: str, action: str, updates: int = 2,
+            **train) -> list[dict]:
     cfg = make_config("default", model={"size": "nano"},
                       train={"batch_size": 4, "batch_length": 8, "horizon": 3,
-                             "compile": compile_})
+                             "compile": compile_, **train})
     obs_spec, act_spec = spaces(obs, action)
     torch.manual_seed(0)
     agent = Agent(obs_spec, act_spec, cfg, "cpu")
@@ -32,14 +34,18 @@ def _losses(compile_: bool, obs: str, action: str, updates: int = 2) -> list[dic
     return [agent.train(batch) for _ in range(updates)]
 
 
-@pytest.mark.parametrize("obs,action", [
-    ("vector", "discrete"),
-    pytest.param("image", "continuous", marks=pytest.mark.slow),
+@pytest.mark.parametrize("obs,action,kernels", [
+    ("vector", "discrete", False),
+    ("vector", "discrete", True),  # train.cpp_kernels: opaque operators inside the graphs
+    pytest.param("image", "continuous", False, marks=pytest.mark.slow),
 ])
-def test_compiled_matches_eager(obs, action):
+def test_compiled_matches_eager(obs, action, kernels):
     torch._dynamo.reset()
-    eager = _losses(False, obs, action)
-    compiled = _losses(True, obs, action)
+    try:
+        eager = _losses(False, obs, action, cpp_kernels=kernels)
+        compiled = _losses(True, obs, action, cpp_kernels=kernels)
+    finally:
+        lucid_kernels.enable(False)
     for e, c in zip(eager, compiled):
         assert e.keys() == c.keys()
         for k in ("world_model/loss", "world_model/decoder", "world_model/reward",
