@@ -12,9 +12,11 @@ def quantile_index(probs, u=None):
 
 
 def deterministic_sampling(patch=setattr):
-    """Every sample of the update comes from `categorical_index`: one-hot samples
-    (nets.onehot_sample) draw through it, and imagination with onehot_gather calls it."""
+    """Every sample of the update comes from `nets.categorical_index`: one-hot samples
+    (nets.onehot_sample) and imagination's latents (nets.unimix_index, without
+    train.cpp_kernels) draw through it."""
+    import lucid.kernels
     import lucid.nets
-    import lucid.world_model
+    if lucid.kernels.enabled():
+        raise RuntimeError("deterministic_sampling: train.cpp_kernels samples in C++; turn it off")
     patch(lucid.nets, "categorical_index", quantile_index)
-    patch(lucid.world_model, "categorical_index", quantile_index)
