@@ -19,7 +19,7 @@ from .config import ModelConfig, TrainConfig
 from .envs.spaces import ObsSpec
 from .nets import (MLP, Head, ImageDecoder, ImageEncoder, NormGRUCell, OneHotCat, TwoHot,
                    categorical_kl, fp32, linear, one_hot, onehot_mode, onehot_sample, symlog,
-                   unimix_index, unimix_logits, unimix_probs)
+                   unimix_index, unimix_logits)
 
 
 @dataclass
