@@ -72,7 +72,8 @@ class Agent:
         self.wm.skip_resets = self.device.type == "cpu"
         for head in (self.wm.reward, self.critic.net, self.critic.slow):  # 255-bin heads
             head.pad_to = 8 if t.pad_bins else 0
-        kernels.enable(t.cpp_kernels)  # process-wide, as the last agent built asks
+        # Process-wide, as the last agent built asks; CPU kernels, so not built for a GPU.
+        kernels.enable(t.cpp_kernels and self.device.type == "cpu")
         graph = t.cuda_graph
         self.opt_wm = _adam(self.wm.parameters(), t.model_lr, t.model_eps, graph)
         self.opt_actor = _adam(self.actor.parameters(), t.actor_lr, t.actor_eps, graph)

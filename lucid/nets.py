@@ -96,17 +96,22 @@ class TwoHot:
     def mean(self, logits: torch.Tensor) -> torch.Tensor:
         """Expected value in real space: symexp(sum_i softmax(logits)_i * bin_i)."""
         if self._fused(logits):
-            return symexp(twohot_softmax_mean(fp32(logits), self.bins(fp32(logits)), False)[1])
+            return self._fused_probs_mean(logits, with_probs=False)[1]
         return self.mean_of(self.probs(logits))
 
     def probs_and_mean(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`probs(logits)` and `mean(logits)`, in one pass with `train.cpp_kernels` (without
         gradient: the critic's values and the probabilities its loss reuses)."""
         if self._fused(logits):
-            probs, avg = twohot_softmax_mean(fp32(logits), self.bins(fp32(logits)), True)
-            return probs, symexp(avg)
+            return self._fused_probs_mean(logits, with_probs=True)
         probs = self.probs(logits)
         return probs, self.mean_of(probs)
+
+    def _fused_probs_mean(self, logits: torch.Tensor,
+                          with_probs: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        x = fp32(logits)
+        probs, avg = twohot_softmax_mean(x, self.bins(x), with_probs)
+        return probs, symexp(avg)
 
     def _fused(self, logits: torch.Tensor) -> bool:
         """Whether the C++ softmax-and-mean applies: enabled, on CPU, bins symmetric about
