@@ -107,14 +107,17 @@ class Agent:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         wm = self.wm
         wm.chunk, wm.skip_resets = COMPILE_CHUNK, False
+        # train.cpp_wrapper: C++ instead of Python between a graph's kernels (CPU only).
+        cpp_wrapper = self.config.train.cpp_wrapper and self.device.type == "cpu"
+        opts = {"dynamic": False, "options": {"cpp_wrapper": cpp_wrapper}}
         for name in ("filter", "rollout", "img_step", "prior_logp"):  # -> compiled
-            setattr(wm, name, torch.compile(getattr(wm, name), dynamic=False))
+            setattr(wm, name, torch.compile(getattr(wm, name), **opts))
         for m in (wm.encoder, wm.decoder, wm.reward, wm.cont, self.actor.head,
                   self.critic.net, self.critic.slow):
-            m.compile(dynamic=False)  # in place: parameters and their names are unchanged
+            m.compile(**opts)  # in place: parameters and their names are unchanged
         for twohot in (wm.twohot, self.critic.twohot):  # softmax and sum in one pass
-            twohot.mean = torch.compile(twohot.mean, dynamic=False)
-            twohot.mean_of = torch.compile(twohot.mean_of, dynamic=False)
+            twohot.mean = torch.compile(twohot.mean, **opts)
+            twohot.mean_of = torch.compile(twohot.mean_of, **opts)
 
     # ------------------------------------------------------------------ precision
 

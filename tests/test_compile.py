@@ -2,9 +2,11 @@
 
 Both agents start from the same parameters and the same RNG state, so they draw the same
 samples (sampling stays eager); only floating-point rounding of the fused kernels may differ.
-Kept small (nano, B=4, T=8, H=3). Compiling is what costs: on the project's 2-core CPU the
-vector case takes ~35 s with inductor's on-disk kernel cache (/tmp/torchinductor_$USER) warm
-and ~2.5 min cold; the image/continuous case (~20 s warm, ~1-2 min cold) is marked `slow`.
+Kept small (nano, B=4, T=8, H=3). Compiling is what costs, with the C++ wrappers of
+`train.cpp_wrapper` (the default): on the project's 2-core CPU, with inductor's on-disk
+cache (/tmp/torchinductor_$USER) cold, ~190 s each for the vector and the image/continuous
+case (marked `slow`) and ~110 s for the training loop, which reuses the vector case's
+kernels; warm, a fraction of that.
 """
 
 import sys
