@@ -119,7 +119,8 @@ class TrainConfig:
     continuous_grad: str = "dynamics"
     # torch.compile the update's loops and nets (observe in chunks of 8 steps, the whole
     # imagination rollout, heads, encoder, decoder, actor and critic); same maths, compiled
-    # once per shape (~3 minutes on a 2-core CPU; pays at nano-XXS, docs/performance.md).
+    # once per shape (~6 minutes on a 2-core CPU, ~3 with train.cpp_wrapper=false; pays at
+    # nano-XXS, docs/performance.md).
     compile: bool = False
     # train.compile on a CPU: the compiled graphs' wrapper code in C++ instead of Python, so
     # each of their kernel calls costs less host time (mini: 1.09x per update); the first
