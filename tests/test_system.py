@@ -12,12 +12,13 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"  # train_step's 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 
 # Minor page faults in each of 6 `cpu-control` updates (train_step.py's vector batch, B=8,
-# T=32) after 3 warm-up updates: with glibc's defaults every large activation is a fresh
-# mmap, so every update faults thousands of pages (~9,000 on the development machine);
-# tuned, freed blocks are reused and an update needs no fresh pages (~1 on a quiet machine).
+# T=32) after 3 warm-up updates. Tuned, freed blocks are reused and an update needs no fresh
+# pages (~1 on a quiet machine). With glibc's defaults it depends on glibc's moving mmap and
+# trim thresholds: ~9,000 per update on the development machine, but a fresh-clone CI run
+# here saw a median of 1.5. So the tuned count is held to an absolute bar, and the blocks
+# that glibc always mmaps (above 32 MB) are compared with and without tuning below.
 # The median of the 6 is compared: faults the kernel adds on its own under load (page
-# migration, reclaim) hit one update now and then, glibc's fresh mmaps hit nearly all of
-# them (its moving threshold lets an odd update through: 1 fault among 5,000-14,000).
+# migration, reclaim) hit one update now and then (CI once saw a 3-update mean of 468).
 PROBE = textwrap.dedent("""
     import resource, statistics, sys, torch
     from lucid.system import tune_malloc
@@ -48,14 +49,10 @@ def faults(mode: str) -> tuple[str, float]:
     return out[0], float(out[1])
 
 
-def test_tuned_malloc_reuses_freed_blocks_instead_of_faulting_in_fresh_pages():
+def test_tuned_malloc_update_needs_almost_no_fresh_pages():
     tuned, with_tuning = faults("tuned")
-    _, without = faults("default")
     assert tuned == "True"
-    assert without > 1000, f"glibc's defaults should fault in fresh pages: {without} per update"
-    # Quiet machine: ~1 against ~10,000. CI once saw a 3-update mean of 468 against 3,220
-    # (the kernel's own faults under load), which a median of 6 leaves out.
-    assert with_tuning < without / 10, (with_tuning, without)
+    assert with_tuning < 300, f"tuned, an update should reuse freed blocks: {with_tuning} faults"
 
 
 # Three 128 MB tensors per round (an S image update has 1,024 images x 32 channels x 32 x 32
