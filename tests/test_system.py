@@ -43,14 +43,15 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def faults(mode: str) -> tuple[str, float]:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode, str(BENCHMARKS)],
-                         capture_output=True, text=True, check=True).stdout.split()
-    return out[0], float(out[1])
+def probe(code: str, mode: str) -> list[str]:
+    """Run a probe in a fresh process (`mode` "tuned" or "default"); the words it prints."""
+    return subprocess.run([sys.executable, "-c", code, mode, str(BENCHMARKS)],
+                          capture_output=True, text=True, check=True).stdout.split()
 
 
 def test_tuned_malloc_update_needs_almost_no_fresh_pages():
-    tuned, with_tuning = faults("tuned")
+    tuned, with_tuning = probe(PROBE, "tuned")
+    with_tuning = float(with_tuning)
     assert tuned == "True"
     assert with_tuning < 300, f"tuned, an update should reuse freed blocks: {with_tuning} faults"
 
@@ -89,9 +90,8 @@ BIG = textwrap.dedent("""
 
 def test_tuned_malloc_keeps_the_pages_of_blocks_above_32_mb():
     def big(mode):
-        out = subprocess.run([sys.executable, "-c", BIG, mode], capture_output=True,
-                             text=True, check=True).stdout.split()
-        return out[0], float(out[1]), int(out[2])
+        tuned, faults, mapped = probe(BIG, mode)
+        return tuned, float(faults), int(mapped)
 
     tuned, with_tuning, mapped_tuned = big("tuned")
     _, without, mapped_default = big("default")
