@@ -3,15 +3,18 @@
 Both agents start from the same parameters and the same RNG state, so they draw the same
 samples (sampling stays eager); only floating-point rounding of the fused kernels may differ.
 Kept small (nano, B=4, T=8, H=3). Compiling is what costs: on the project's 2-core CPU, with
-inductor's on-disk cache (/tmp/torchinductor_$USER) cold, ~190 s for the vector case with
-the C++ wrappers of `train.cpp_wrapper` (the default), ~110 s for the training loop, which
-reuses its kernels, and ~1-2 min for the image/continuous case (marked `slow`), compiled
-with torch's Python wrappers so that both kinds are checked; warm, a fraction of that.
+inductor's on-disk cache (/tmp/torchinductor_$USER) cold, ~110-200 s for the vector case with
+the C++ wrappers of `train.cpp_wrapper` (the default), ~40-70 s for the case with
+`train.cpp_kernels`, ~10 s for the training loop, whose updates have the vector case's shapes
+(CartPole: 4 floats, 2 actions) and so reuse its graphs, and ~1-3 min for the
+image/continuous case (marked `slow`), compiled with torch's Python wrappers so that both
+kinds are checked; warm, a fraction of that.
 """
 
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch
 
@@ -21,6 +24,7 @@ from train_step import batch_for, spaces  # noqa: E402
 from lucid import kernels as lucid_kernels  # noqa: E402
 from lucid.agent import Agent  # noqa: E402
 from lucid.config import make_config  # noqa: E402
+from lucid.envs.spaces import ActionSpec  # noqa: E402
 
 
 def _losses(compile_: bool, obs: str, action: str, updates: int = 2,
@@ -29,6 +33,8 @@ def _losses(compile_: bool, obs: str, action: str, updates: int = 2,
                       train={"batch_size": 4, "batch_length": 8, "horizon": 3,
                              "compile": compile_, **train})
     obs_spec, act_spec = spaces(obs, action)
+    if obs == "vector":  # CartPole's 2 actions: the training-loop test reuses these graphs
+        act_spec = ActionSpec.from_space(gym.spaces.Discrete(2))
     torch.manual_seed(0)
     agent = Agent(obs_spec, act_spec, cfg, "cpu")
     batch = batch_for(obs_spec, act_spec, 4, 8, torch.device("cpu"))
@@ -62,7 +68,8 @@ def test_compiled_agent_trains_checkpoints_and_resumes(tmp_path):
     """`train.compile=true` through the training loop: acting with the compiled encoder and
     actor, updates, a checkpoint, and a resumed run that loads it into a compiled agent
     (parameter names are unchanged by compiling) and carries on. Same update shapes as
-    above (nano, B=4, T=8, H=3), so the kernels compiled there are reused."""
+    above (nano, B=4, T=8, H=3, 4 floats, 2 actions), so the graphs compiled there are
+    reused."""
     import json
     import math
 
