@@ -52,7 +52,8 @@ class DataParallel:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         cuda = device != "cpu" and torch.cuda.is_available()
         if device.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError("run.device=cuda but torch sees no CUDA device")
+            raise ValueError("run.device=cuda but torch sees no CUDA device; "
+                             "use --device cpu (or auto)")
         if cuda:
             torch.cuda.set_device(self.local_rank)
             self.device = torch.device("cuda", self.local_rank)

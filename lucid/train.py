@@ -45,11 +45,23 @@ class NonFiniteError(RuntimeError):
 
 
 def resolve_device(name: str) -> torch.device:
+    """`run.device`: auto (CUDA if torch sees a GPU, else CPU), cpu, cuda or cuda:N. A device
+    that torch cannot name or this machine lacks is a ValueError (a one-line CLI error)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError("run.device=cuda but torch sees no CUDA device; use --device cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"run.device={name} is not a device torch knows; "
+                         "use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"run.device={name} but torch sees no CUDA device; "
+                             "use --device cpu (or auto)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"run.device={name} but torch sees {torch.cuda.device_count()} "
+                             f"CUDA device(s): cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return device
 
 
 def seed_everything(seed: int) -> None:

@@ -51,3 +51,21 @@ def test_paper_cartpole_preset_runs_at_its_size_and_train_ratio(tmp_path):
     assert last["env_steps"] == 68
     assert last["updates"] == 68 - 64  # 1024 replayed steps per env step = B * T per update
     assert all(v == v for v in last.values() if isinstance(v, float))  # no NaN in the metrics
+
+
+def test_a_cuda_device_this_machine_lacks_is_a_one_line_error(tmp_path, monkeypatch):
+    """`--device cuda` with a CPU build of torch (or cuda:N past the last GPU) exits with
+    status 2 and names the fix, without a traceback."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU build of torch
+    r = runner.invoke(app, ["train", "CartPole-v1", "--device", "cuda",
+                            "--run-dir", str(tmp_path / "a")])
+    assert r.exit_code == 2, r.output
+    assert "torch sees no CUDA device" in r.output and "--device cpu" in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # one GPU
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    r = runner.invoke(app, ["train", "CartPole-v1", "--device", "cuda:3",
+                            "--run-dir", str(tmp_path / "b")])
+    assert r.exit_code == 2, r.output
+    assert "run.device=cuda:3" in r.output and "cuda:0 to cuda:0" in r.output
