@@ -212,7 +212,8 @@ _CPU_RECIPE: dict[str, Any] = {
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # The paper's settings, as published (size S unless noted in the paper's appendix).
+    # The paper's settings, as published: "default" is XS (ModelConfig's default size); the
+    # suites take the sizes and train ratios of the paper's appendix.
     "default": {},
     "paper-cartpole": {"model": {"size": "XS"}, "train": {"train_ratio": 1024}},
     "atari": {"model": {"size": "S"}, "train": {"train_ratio": 64}},

@@ -5,8 +5,8 @@ samples (sampling stays eager); only floating-point rounding of the fused kernel
 Kept small (nano, B=4, T=8, H=3). Compiling is what costs: on the project's 2-core CPU, with
 inductor's on-disk cache (/tmp/torchinductor_$USER) cold, ~110-200 s for the vector case with
 the C++ wrappers of `train.cpp_wrapper` (the default), ~40-70 s for the case with
-`train.cpp_kernels`, ~10 s for the training loop, whose updates have the vector case's shapes
-(CartPole: 4 floats, 2 actions) and so reuse its graphs, and ~1-3 min for the
+`train.cpp_kernels`, ~10 s for the training loop after the vector case, whose updates have
+its shapes (CartPole: 4 floats, 2 actions) and so reuse its graphs, and ~1-3 min for the
 image/continuous case (marked `slow`), compiled with torch's Python wrappers so that both
 kinds are checked; warm, a fraction of that.
 """
@@ -33,7 +33,7 @@ def _losses(compile_: bool, obs: str, action: str, updates: int = 2,
                       train={"batch_size": 4, "batch_length": 8, "horizon": 3,
                              "compile": compile_, **train})
     obs_spec, act_spec = spaces(obs, action)
-    if obs == "vector":  # CartPole's 2 actions: the training-loop test reuses these graphs
+    if obs == "vector" and action == "discrete":  # CartPole's 2 actions: the training-loop test reuses these graphs
         act_spec = ActionSpec.from_space(gym.spaces.Discrete(2))
     torch.manual_seed(0)
     agent = Agent(obs_spec, act_spec, cfg, "cpu")
