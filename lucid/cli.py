@@ -40,6 +40,14 @@ def _build(env: str, preset: Optional[str], size: Optional[str], steps: Optional
     return make_config(preset, overrides, **sections)
 
 
+def _not_applied_on_resume(env: str, overrides: List[str], **options) -> List[str]:
+    """What a `train --resume` command line names that the saved config would override."""
+    names = [] if env == DEFAULT_ENV else [f"the env {env!r}"]
+    names += [f"--{k.replace('_', '-')}" for k, v in options.items() if v is not None]
+    return names + [o for o in overrides
+                    if not o.startswith(("run.steps=", "run.device="))]
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def train(
     ctx: typer.Context,
@@ -74,7 +82,16 @@ def train(
             overrides.append(f"run.{key}={val}")
     try:
         if resume:
-            cfg = make_config("default", overrides, run={"steps": steps or 0})
+            ignored = _not_applied_on_resume(env, overrides, preset=preset, size=size, seed=seed,
+                                             run_dir=run_dir)
+            if ignored:
+                raise ConfigError(
+                    f"--resume continues with {Path(resume) / 'config.yaml'}, so "
+                    f"{', '.join(ignored)} would not be applied; only --steps and --device "
+                    "are taken with --resume. Edit non-model keys in that file, or start a "
+                    "new run directory")
+            run = {"steps": steps or 0, **({"device": device} if device else {})}
+            cfg = make_config("default", overrides, run=run)
             trainer = Trainer(cfg, resume, resume=True)
         else:
             cfg = _build(env, preset, size, steps, seed, run_dir, device, overrides)

@@ -64,6 +64,21 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def resumed_device(saved: str, given: str) -> str:
+    """`run.device` of a resumed run (or one loaded for eval): the device asked for now when one
+    is (not auto); else the run's own where this machine has it; else auto's choice here, with
+    a note (a run trained on a GPU evaluates on a laptop)."""
+    if given != "auto":
+        return given
+    try:
+        resolve_device(saved)
+        return saved
+    except ValueError:
+        print(f"note: the run was trained with run.device={saved}, which this machine lacks; "
+              f"continuing on {resolve_device('auto')} (run.device=auto)")
+        return "auto"
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -99,6 +114,7 @@ class Trainer:
                 raise FileNotFoundError(f"cannot resume: {path} does not exist")
             saved = from_yaml(path.read_text())
             saved.run.steps = max(saved.run.steps, cfg.run.steps) if cfg.run.steps else saved.run.steps
+            saved.run.device = resumed_device(saved.run.device, cfg.run.device)
             cfg = saved
         self.cfg = cfg
         self.device = self.dist.device if self.dist else resolve_device(cfg.run.device)

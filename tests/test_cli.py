@@ -1,5 +1,6 @@
 import json
 
+import torch
 from typer.testing import CliRunner
 
 from lucid.cli import app
@@ -27,14 +28,26 @@ def test_train_then_eval_then_resume(tmp_path):
     assert r.exit_code == 0, r.output
     cfg = (tmp_path / "config.yaml").read_text()
     assert "batch_length: 8" in cfg and "size: nano" in cfg
+    # a run trained on a GPU evaluates on a machine without one: on this CPU, with a note
+    (tmp_path / "config.yaml").write_text(cfg.replace("device: auto", "device: cuda"))
     r = runner.invoke(app, ["eval", str(tmp_path), "--episodes", "2"])
     assert r.exit_code == 0, r.output
+    assert torch.cuda.is_available() or "run.device=cuda, which this machine lacks" in r.output
     out = json.loads(r.output.strip().splitlines()[-1])
     assert out["episodes"] == 2 and len(out["returns"]) == 2
-    r = runner.invoke(app, ["train", "--resume", str(tmp_path), "--steps", "60"])
+    # options the saved config would override are refused, not dropped, and nothing changes
+    before = (tmp_path / "config.yaml").read_text()
+    r = runner.invoke(app, ["train", "--resume", str(tmp_path), "--steps", "60",
+                            "train.train_ratio=64", "--seed", "3"])
+    assert r.exit_code == 2, r.output
+    assert "train.train_ratio=64" in r.output and "--seed" in r.output
+    assert (tmp_path / "config.yaml").read_text() == before
+    r = runner.invoke(app, ["train", "--resume", str(tmp_path), "--steps", "60",
+                            "--device", "cpu"])
     assert r.exit_code == 0, r.output
     last = json.loads((tmp_path / "metrics.jsonl").read_text().strip().splitlines()[-1])
     assert last["env_steps"] == 60
+    assert "device: cpu" in (tmp_path / "config.yaml").read_text()  # --device is taken
 
 
 def test_paper_cartpole_preset_runs_at_its_size_and_train_ratio(tmp_path):
@@ -56,7 +69,6 @@ def test_paper_cartpole_preset_runs_at_its_size_and_train_ratio(tmp_path):
 def test_a_cuda_device_this_machine_lacks_is_a_one_line_error(tmp_path, monkeypatch):
     """`--device cuda` with a CPU build of torch (or cuda:N past the last GPU) exits with
     status 2 and names the fix, without a traceback."""
-    import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU build of torch
     r = runner.invoke(app, ["train", "CartPole-v1", "--device", "cuda",
                             "--run-dir", str(tmp_path / "a")])
@@ -69,3 +81,20 @@ def test_a_cuda_device_this_machine_lacks_is_a_one_line_error(tmp_path, monkeypa
                             "--run-dir", str(tmp_path / "b")])
     assert r.exit_code == 2, r.output
     assert "run.device=cuda:3" in r.output and "cuda:0 to cuda:0" in r.output
+
+
+def test_a_resumed_run_takes_the_device_asked_for_else_its_own_where_this_machine_has_it(
+        monkeypatch, capsys):
+    from lucid.train import resumed_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resumed_device("cpu", "auto") == "cpu"
+    assert resumed_device("auto", "auto") == "auto"
+    assert resumed_device("cuda", "cpu") == "cpu"
+    assert capsys.readouterr().out == ""
+    assert resumed_device("cuda", "auto") == "auto"  # trained on a GPU, continued on this CPU
+    assert "run.device=cuda, which this machine lacks; continuing on cpu" in capsys.readouterr().out
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resumed_device("cuda:1", "auto") == "cuda:1"
+    assert resumed_device("cpu", "auto") == "cpu"  # a CPU run stays on the CPU unless asked
+    assert resumed_device("cpu", "cuda") == "cuda"
