@@ -20,7 +20,7 @@ import torch
 from .checkpoint import atomic_torch_save, load_checkpoint, FORMAT_VERSION
 from .config import from_yaml, make_config, to_yaml
 from .envs import default_preset
-from .train import Trainer
+from .train import Trainer, resumed_device
 
 
 _INSTANCES: dict[str, Any] = {}
@@ -108,9 +108,13 @@ class Dreamer:
                            "counters": dict(self.trainer.counters)}, Path(path))
 
     @classmethod
-    def load(cls, path: str | Path, run_dir: str | Path | None = None) -> "Dreamer":
+    def load(cls, path: str | Path, run_dir: str | Path | None = None,
+             device: str = "auto") -> "Dreamer":
+        """An agent saved with `save`, on `device` when given, else on its own device where
+        this machine has it, else on auto's choice (a GPU-trained agent loads on a CPU)."""
         payload = load_checkpoint(Path(path))
         cfg = from_yaml(payload["config"])
+        cfg.run.device = resumed_device(cfg.run.device, device)
         self = cls.__new__(cls)
         self.cfg = cfg
         self.trainer = Trainer(cfg, run_dir)

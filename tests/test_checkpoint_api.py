@@ -1,5 +1,4 @@
 import os
-import pickle
 
 import numpy as np
 import pytest
@@ -69,6 +68,16 @@ def test_dreamer_api_learn_predict_save_load(tmp_path):
     assert int(a2) == int(action)
     for p, q in zip(agent.agent.wm.parameters(), again.agent.wm.parameters()):
         assert torch.equal(p, q)
+    # saved from a GPU run, loaded on a machine without one: on this CPU
+    payload = torch.load(tmp_path / "a.pt", weights_only=True)
+    payload["config"] = payload["config"].replace("device: auto", "device: cuda")
+    torch.save(payload, tmp_path / "gpu.pt")
+    if not torch.cuda.is_available():
+        on_cpu = Dreamer.load(tmp_path / "gpu.pt", run_dir=tmp_path / "run3")
+        assert on_cpu.agent.device.type == "cpu"
+        assert int(on_cpu.predict(obs, deterministic=True)[0]) == int(action)
+    assert Dreamer.load(tmp_path / "gpu.pt", run_dir=tmp_path / "run4",
+                        device="cpu").agent.device.type == "cpu"
 
 
 def test_dreamer_api_takes_an_env_instance_and_a_callback(tmp_path):
