@@ -8,7 +8,6 @@ import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-import importlib  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -95,7 +95,6 @@ def test_images_stay_uint8_and_batches_keep_dtype():
 
 
 def _collect(env_fns, steps):
-    import gymnasium as gym
     probe = env_fns[0]()
     col = Collector(env_fns, ObsSpec.from_space(probe.observation_space),
                     ActionSpec.from_space(probe.action_space))

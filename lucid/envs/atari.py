@@ -18,7 +18,6 @@ from __future__ import annotations
 import difflib
 
 import gymnasium as gym
-import numpy as np
 
 from .extras import require
 
