@@ -61,3 +61,57 @@ def test_unsupported_space_is_named():
         assert "text" in str(exc) and "supports" in str(exc)
     else:
         raise AssertionError("Text space was accepted")
+
+
+def test_float_images_in_0_1_become_pixels_and_other_float_images_are_refused():
+    spec = ObsSpec.from_space(gym.spaces.Box(0.0, 1.0, (16, 16, 3), np.float32))
+    x = np.random.default_rng(0).random((2, 16, 16, 3), dtype=np.float32)
+    got = spec.convert(x, (2,))["image"]
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, np.rint(x * 255).astype(np.uint8))
+    pixels = ObsSpec.from_space(gym.spaces.Box(0.0, 255.0, (16, 16, 3), np.float32))
+    np.testing.assert_array_equal(pixels.convert(x * 255, (2,))["image"], got)
+    try:
+        ObsSpec.from_space(gym.spaces.Box(-np.inf, np.inf, (16, 16, 3), np.float32))
+    except TypeError as exc:
+        assert "[-inf, inf]" in str(exc) and "FlattenObservation" in str(exc)
+    else:
+        raise AssertionError("an unbounded float image was accepted (it would be clipped)")
+
+
+def test_discrete_spaces_with_a_start_keep_their_offsets():
+    obs = ObsSpec.from_space(gym.spaces.Discrete(3, start=-1))
+    np.testing.assert_array_equal(obs.convert(np.array([-1, 1]), (2,))["vector"],
+                                  [[1, 0, 0], [0, 0, 1]])
+    try:
+        obs.convert(np.array([2]), (1,))
+    except ValueError as exc:
+        assert "outside its Discrete space" in str(exc)
+    else:
+        raise AssertionError("an observation outside Discrete(3, start=-1) was accepted")
+    act = ActionSpec.from_space(gym.spaces.Discrete(3, start=5))
+    np.testing.assert_array_equal(act.to_env(np.eye(3, dtype=np.float32)), [5, 6, 7])
+    np.testing.assert_array_equal(act.from_env(np.array([7, 5])), [[0, 0, 1], [1, 0, 0]])
+    multi = gym.spaces.MultiDiscrete([2, 3], start=[1, -1])
+    act = ActionSpec.from_space(multi)
+    samples = np.stack([multi.sample() for _ in range(20)])
+    model = act.from_env(samples)
+    assert model.shape == (20, 5) and np.all(model.sum(-1) == 2)
+    back = act.to_env(model)
+    np.testing.assert_array_equal(back, samples)
+    assert all(multi.contains(a) for a in back)
+
+
+def test_box_actions_stay_inside_half_open_and_degenerate_bounds():
+    space = gym.spaces.Box(np.array([0.0, -1.0, 2.0]), np.array([np.inf, 3.0, 2.0]), dtype=np.float64)
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        act = ActionSpec.from_space(space)
+    assert any("infinite bounds at dims [0]" in str(w.message) for w in caught)
+    env = act.to_env(np.array([[-0.5, 0.0, 0.7], [0.5, 1.0, -1.0]], np.float32))
+    np.testing.assert_allclose(env, [[0.0, 1.0, 2.0], [0.5, 3.0, 2.0]])
+    assert all(space.contains(a.astype(np.float64)) for a in env)
+    model = act.from_env(np.array([[0.5, 1.0, 2.0]]))
+    assert np.all(np.isfinite(model))  # low == high: 0, not 0/0
+    np.testing.assert_allclose(model, [[0.5, 0.0, 0.0]])

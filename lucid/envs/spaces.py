@@ -7,6 +7,7 @@ flat). Actions live in model space: concatenated one-hots for Discrete/MultiDisc
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import gymnasium as gym
@@ -20,27 +21,48 @@ def _is_image(space: gym.spaces.Box) -> bool:
     return len(space.shape) == 3 and space.shape[-1] <= 4 and min(space.shape[:2]) >= 16
 
 
+def _image_scale(space: gym.spaces.Box, where: str) -> float:
+    """The factor that brings an image space's values to 0..255: 1 for integer pixels and
+    floats in [0, 255], 255 for floats in [0, 1]; other float images are refused."""
+    if not np.issubdtype(space.dtype, np.floating):
+        return 1.0
+    low, high = float(np.min(space.low)), float(np.max(space.high))
+    if low >= 0 and high <= 1:
+        return 255.0
+    if low >= 0 and high <= 255:
+        return 1.0
+    raise TypeError(f"observation{where} is a float image {space.shape} with values in "
+                    f"[{low:g}, {high:g}]; lucid encodes images as pixels in [0, 255] (uint8, "
+                    f"or floats in [0, 1] or [0, 255]): rescale it with "
+                    f"gymnasium.wrappers.TransformObservation and a Box of those bounds, or "
+                    f"flatten it (gymnasium.wrappers.FlattenObservation) to encode it as a vector")
+
+
 @dataclass
 class ObsSpec:
     images: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # key -> (H, W, C)
     vectors: dict[str, int] = field(default_factory=dict)  # key -> flat size
     discrete: dict[str, int] = field(default_factory=dict)  # key -> n (one-hot encoded)
+    image_scale: dict[str, float] = field(default_factory=dict)  # key -> factor to 0..255
+    discrete_start: dict[str, int] = field(default_factory=dict)  # key -> Discrete(n, start)
 
     @classmethod
     def from_space(cls, space: gym.Space) -> "ObsSpec":
         spec = cls()
         items = space.spaces.items() if isinstance(space, gym.spaces.Dict) else [(None, space)]
         for key, sub in items:
+            where = f" at key {key!r}" if key else ""
             if isinstance(sub, gym.spaces.Box):
                 if _is_image(sub):
                     spec.images[key or "image"] = tuple(int(s) for s in sub.shape)
+                    spec.image_scale[key or "image"] = _image_scale(sub, where)
                 else:
                     spec.vectors[key or "vector"] = int(np.prod(sub.shape))
             elif isinstance(sub, gym.spaces.Discrete):
                 spec.vectors[key or "vector"] = int(sub.n)
                 spec.discrete[key or "vector"] = int(sub.n)
+                spec.discrete_start[key or "vector"] = int(sub.start)
             else:
-                where = f" at key {key!r}" if key else ""
                 raise TypeError(f"unsupported observation space {sub}{where}; "
                                 f"lucid supports {SUPPORTED_OBS}")
         if len({s[:2] for s in spec.images.values()}) > 1:
@@ -78,9 +100,12 @@ class ObsSpec:
                 if x.dtype != np.uint8:
                     if not np.all(np.isfinite(x)):
                         raise ValueError(f"observation {key!r} contains NaN or Inf")
-                    x = np.clip(x, 0, 255).astype(np.uint8)
+                    x = np.rint(np.clip(x * self.image_scale.get(key, 1.0), 0, 255)).astype(np.uint8)
             elif key in self.discrete:
-                x = np.eye(self.discrete[key], dtype=np.float32)[x.astype(np.int64)]
+                idx = x.astype(np.int64) - self.discrete_start.get(key, 0)
+                if np.any((idx < 0) | (idx >= self.discrete[key])):
+                    raise ValueError(f"observation {key!r} = {x} lies outside its Discrete space")
+                x = np.eye(self.discrete[key], dtype=np.float32)[idx]
             else:
                 x = x.reshape(*batch_shape, -1).astype(np.float32)
                 if x.shape[-1] != self.vectors[key]:
@@ -99,17 +124,25 @@ class ActionSpec:
     low: np.ndarray | None = None  # Box bounds (continuous)
     high: np.ndarray | None = None
     shape: tuple[int, ...] = ()
+    start: np.ndarray | None = None  # first index of each categorical sub-action (start=)
 
     @classmethod
     def from_space(cls, space: gym.Space) -> "ActionSpec":
         if isinstance(space, gym.spaces.Discrete):
-            return cls(discrete=[int(space.n)], shape=())
+            return cls(discrete=[int(space.n)], shape=(), start=np.array([int(space.start)]))
         if isinstance(space, gym.spaces.MultiDiscrete):
             return cls(discrete=[int(n) for n in np.asarray(space.nvec).ravel()],
-                       shape=tuple(space.nvec.shape))
+                       shape=tuple(space.nvec.shape),
+                       start=np.asarray(space.start, np.int64).ravel())
         if isinstance(space, gym.spaces.Box):
-            return cls(low=space.low.astype(np.float64).ravel(),
-                       high=space.high.astype(np.float64).ravel(), shape=tuple(space.shape))
+            low, high = space.low.astype(np.float64).ravel(), space.high.astype(np.float64).ravel()
+            open_dims = np.flatnonzero(~(np.isfinite(low) & np.isfinite(high)))
+            if open_dims.size:
+                warnings.warn(f"the action space {space} has infinite bounds at dims "
+                              f"{open_dims.tolist()}: lucid's actions there lie in [-1, 1] "
+                              f"(within the bounds); give it finite bounds, or rescale with "
+                              f"gymnasium.wrappers.RescaleAction", stacklevel=2)
+            return cls(low=low, high=high, shape=tuple(space.shape))
         raise TypeError(f"unsupported action space {space}; lucid supports {SUPPORTED_ACT}")
 
     @property
@@ -128,12 +161,16 @@ class ActionSpec:
                 parts.append(action[:, i:i + n].argmax(-1))
                 i += n
             idx = np.stack(parts, -1)
+            if self.start is not None:
+                idx = idx + self.start
             if not self.shape:
                 return idx[:, 0]
             return idx.reshape(len(action), *self.shape)
         a = np.clip(action, -1.0, 1.0).astype(np.float64)
         finite = np.isfinite(self.low) & np.isfinite(self.high)
-        scaled = np.where(finite, self.low + (a + 1.0) / 2.0 * (self.high - self.low), a)
+        with np.errstate(invalid="ignore"):  # inf bounds: the branch np.where drops
+            scaled = np.where(finite, self.low + (a + 1.0) / 2.0 * (self.high - self.low), a)
+        scaled = np.clip(scaled, self.low, self.high)  # half-open bounds: stay inside
         return scaled.reshape(len(action), *self.shape).astype(np.float32)
 
     def from_env(self, action) -> np.ndarray:
@@ -141,11 +178,15 @@ class ActionSpec:
         a = np.asarray(action)
         n = a.shape[0]
         if self.discrete:
-            idx = a.reshape(n, -1)
+            idx = a.reshape(n, -1).astype(np.int64)
+            if self.start is not None:
+                idx = idx - self.start
             return np.concatenate(
                 [np.eye(k, dtype=np.float32)[idx[:, j]] for j, k in enumerate(self.discrete)], -1)
         a = a.reshape(n, -1).astype(np.float64)
-        finite = np.isfinite(self.low) & np.isfinite(self.high)
+        finite = np.isfinite(self.low) & np.isfinite(self.high) & (self.high > self.low)
         span = np.where(finite, self.high - self.low, 2.0)
-        unscaled = np.where(finite, 2.0 * (a - self.low) / span - 1.0, a)
+        with np.errstate(invalid="ignore"):
+            unscaled = np.where(finite, 2.0 * (a - self.low) / span - 1.0,
+                                np.where(self.high == self.low, 0.0, a))
         return unscaled.astype(np.float32)
