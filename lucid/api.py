@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from .checkpoint import atomic_torch_save, load_checkpoint, FORMAT_VERSION
+from .checkpoint import atomic_torch_save, load_checkpoint, load_latest, FORMAT_VERSION
 from .config import from_yaml, make_config, to_yaml
 from .envs import default_preset
 from .train import Trainer, resumed_device
@@ -53,8 +53,22 @@ class Dreamer:
         cannot be resumed from the command line). `preset` defaults to the env's domain
         preset. `overrides` are config keys as section__key=value (e.g.
         train__train_ratio=64) or nested dicts per section (train={"train_ratio": 64})."""
+        if isinstance(env, type) and issubclass(env, gym.Env):
+            raise TypeError(f"Dreamer got the class {env.__name__}; pass an instance "
+                            f"({env.__name__}()) or a name such as 'my_module:{env.__name__}'")
+        if isinstance(env, gym.vector.VectorEnv):
+            raise TypeError("Dreamer got a vector env; pass one env (an instance or a name) "
+                            "and set env__num_envs=N: lucid builds the vector env itself")
         if isinstance(env, gym.Env):
-            env = _register_instance(env)
+            try:
+                env = _register_instance(env)
+            except Exception as exc:  # noqa: BLE001 - deepcopy of an env with live handles
+                raise TypeError(f"cannot copy the env instance ({type(exc).__name__}: {exc}); "
+                                f"pass it by name instead ('module.path:EnvClass' with its "
+                                f"kwargs as env__kwargs)") from None
+        elif not isinstance(env, str):
+            raise TypeError(f"env must be a gymnasium.Env or an env name, got "
+                            f"{type(env).__name__}")
             overrides.setdefault("env", {})
             if isinstance(overrides["env"], dict):
                 overrides["env"].setdefault("num_envs", 1)
@@ -109,12 +123,27 @@ class Dreamer:
 
     @classmethod
     def load(cls, path: str | Path, run_dir: str | Path | None = None,
-             device: str = "auto") -> "Dreamer":
-        """An agent saved with `save`, on `device` when given, else on its own device where
-        this machine has it, else on auto's choice (a GPU-trained agent loads on a CPU)."""
-        payload = load_checkpoint(Path(path))
-        cfg = from_yaml(payload["config"])
+             device: str = "auto", env=None) -> "Dreamer":
+        """An agent saved with `save`, or a run directory's newest checkpoint, on `device`
+        when given, else on its own device where this machine has it, else on auto's choice
+        (a GPU-trained agent loads on a CPU). Further learning goes to `run_dir`, else to a
+        fresh directory: the saved run's own files are never written to. `env` (a name or
+        an instance) replaces the saved env; an agent trained on an env instance needs one,
+        since a checkpoint holds only the env's name."""
+        path = Path(path)
+        if path.is_dir() and not (path / "checkpoints").is_dir():
+            raise FileNotFoundError(f"{path} is neither a checkpoint file nor a run directory "
+                                    f"(it has no checkpoints/)")
+        payload = load_latest(path)[0] if path.is_dir() else load_checkpoint(path)
+        cfg = from_yaml(payload["config"], where=f"the config stored in {path}")
+        if env is not None:
+            cfg.env.id = _register_instance(env) if isinstance(env, gym.Env) else str(env)
+        elif cfg.env.id.startswith(f"{__name__}:_env_instance_"):
+            raise ValueError(f"{path} was trained on an env instance (Dreamer(MyEnv())), whose "
+                             f"name does not outlive its process; pass the env again: "
+                             f"Dreamer.load(path, env=MyEnv())")
         cfg.run.device = resumed_device(cfg.run.device, device)
+        cfg.run.run_dir = None
         self = cls.__new__(cls)
         self.cfg = cfg
         self.trainer = Trainer(cfg, run_dir)

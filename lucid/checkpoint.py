@@ -35,6 +35,16 @@ def atomic_torch_save(obj, path: Path) -> None:
     _fsync_dir(path.parent)
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    """`path.write_text(text)`, but a crash or a full disk leaves the old file, not half."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
 def _fsync_dir(d: Path) -> None:
     try:
         fd = os.open(d, os.O_RDONLY)
@@ -99,14 +109,31 @@ def save_checkpoint(run_dir: Path, payload: dict, keep: int = 3) -> Path:
 
 
 def load_checkpoint(path: Path, map_location="cpu") -> dict:
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory, not a checkpoint file; "
+                                f"its checkpoints are in {path / 'checkpoints'}")
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint file {path}")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise ValueError(f"refused to load {path}: it contains objects other than tensors "
-                         f"and plain data (loading it could run code): {exc}") from None
+        if "Weights only load failed" in str(exc):
+            what = [ln.strip() for ln in str(exc).splitlines() if "Unsupported global" in ln]
+            raise ValueError(f"refused to load {path}: it contains objects other than tensors "
+                             f"and plain data (loading it could run code)"
+                             + (f": {what[0].split(' was not')[0]}" if what else "")) from None
+        raise ValueError(_unreadable(path, exc)) from None
+    except Exception as exc:  # noqa: BLE001 - torch's zip reader on a cut-off or foreign file
+        raise ValueError(_unreadable(path, exc)) from None
     if not isinstance(payload, dict) or payload.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path} is not a lucid checkpoint of format {FORMAT_VERSION}")
     return payload
+
+
+def _unreadable(path: Path, exc: Exception) -> str:
+    first = str(exc).split(". ")[0].strip() or type(exc).__name__
+    return f"{path} is not a readable checkpoint (truncated or corrupt: {first[:160]})"
 
 
 def load_latest(run_dir: Path, map_location="cpu") -> tuple[dict, Path]:

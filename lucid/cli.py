@@ -70,11 +70,15 @@ def train(
 ):
     """Train an agent. Extra arguments are config overrides: section.key=value.
     Data-parallel learners: `torchrun --nproc-per-node G -m lucid train ...`."""
-    from .train import Trainer
+    from .train import EnvError, NonFiniteError, Trainer
     overrides = list(ctx.args)
     if "=" in env:  # no ENV given, the first override landed in its place
         overrides.insert(0, env)
         env = DEFAULT_ENV
+    section = env.split(".")[0]
+    if section in ("env", "model", "train", "run") and ":" not in env and "/" not in env:
+        _fail(f"{env!r} looks like a config key without a value: write {env}=VALUE "
+              f"(`lucid config` lists the keys)")
     for key, val in (("runners", runners), ("num_runners", num_runners),
                      ("envs_per_runner", envs_per_runner), ("ray_address", ray_address),
                      ("logger", logger)):
@@ -101,7 +105,10 @@ def train(
     typer.echo(f"run directory: {trainer.run_dir}  (preset {trainer.cfg.preset}, "
                f"size {trainer.cfg.model.size}, {trainer.cfg.run.steps} env steps)")
     try:
-        trainer.run()
+        try:
+            trainer.run()
+        except (EnvError, NonFiniteError) as exc:  # both leave a checkpoint to resume from
+            _fail(exc)
         # not after Ctrl-C; data-parallel: rank 0 only
         if trainer.cfg.run.videos and not trainer._stop and trainer.rank == 0:
             from .report import finish_run
@@ -121,14 +128,13 @@ def train(
 
 
 def _load_run(run_dir: str):
-    """Trainer of an existing run (newest checkpoint and its replay), without its collector."""
+    """Trainer of an existing run (newest checkpoint and its replay), without env runners."""
     from .train import Trainer
     try:
-        trainer = Trainer(make_config("default", run={"steps": 0}), run_dir, resume=True)
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        return Trainer(make_config("default", run={"steps": 0}), run_dir, resume=True,
+                       learn=False)
+    except (ConfigError, ValueError, FileNotFoundError, TypeError, ImportError) as exc:
         _fail(exc)
-    trainer.collector.close()
-    return trainer
 
 
 @app.command("eval")
@@ -137,6 +143,8 @@ def eval_cmd(run_dir: str, episodes: int = typer.Option(10), sampled: bool = Fal
                                                     "RUN_DIR/videos/"),
              video_format: str = typer.Option("mp4", "--format", help="mp4 or gif")):
     """Evaluate the newest checkpoint of RUN_DIR (greedy policy unless --sampled)."""
+    if episodes < 1:
+        _fail(f"--episodes must be >= 1, got {episodes}")
     if video:
         return _eval_video(run_dir, episodes, sampled, video_format)
     trainer = _load_run(run_dir)
@@ -168,9 +176,12 @@ def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str):
     steps = trainer.counters["env_steps"]
     paths = [str(Path(run_dir) / "videos" / f"eval-{steps:09d}-ep{i}.{video_format}")
              for i in range(episodes)]
-    recs = record_episodes(trainer.agent, cfg.env.id, episodes, cfg.env.max_episode_steps,
-                           env_kwargs=dict(cfg.env.kwargs),
-                           explore=sampled, seed=cfg.run.seed + 10_000, paths=paths)
+    try:
+        recs = record_episodes(trainer.agent, cfg.env.id, episodes, cfg.env.max_episode_steps,
+                               env_kwargs=dict(cfg.env.kwargs),
+                               explore=sampled, seed=cfg.run.seed + 10_000, paths=paths)
+    except TypeError as exc:  # an env without render_mode
+        _fail(exc)
     rets = [r.ret for r in recs]
     typer.echo(json.dumps({"episodes": len(rets), "mean_return": sum(rets) / len(rets),
                            "returns": rets, "videos": paths}))
@@ -190,6 +201,8 @@ def dream_cmd(run_dir: str,
     The model observes --context replayed steps, then predicts --horizon steps with the
     recorded actions only. Saved to RUN_DIR/videos/ unless --out is given."""
     from .video import dream_video, write_video
+    if out and Path(out).suffix.lower() not in (".mp4", ".gif"):
+        _fail(f"--out must end in .mp4 or .gif, got {out!r}")
     trainer = _load_run(run_dir)
     try:
         frames = dream_video(trainer, horizon=horizon, context=context, rows=rows, seed=seed)
@@ -210,6 +223,8 @@ def plot_cmd(run_dirs: List[str] = typer.Argument(..., help="run directories; ru
              band: str = typer.Option("minmax", help="spread over seeds: minmax or std")):
     """Learning curves of one or more runs (mean and spread over seeds of one config)."""
     from .plot import plot_runs
+    if Path(out).is_dir():
+        _fail(f"--out {out} is a directory; give a file name, e.g. {Path(out) / 'curves.png'}")
     try:
         path = plot_runs(run_dirs, out, x=x, band=band)
     except (ValueError, FileNotFoundError) as exc:

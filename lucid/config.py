@@ -12,6 +12,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
@@ -354,6 +355,20 @@ def validate(cfg: Config) -> None:
         (cfg.run.wandb_mode in ("offline", "online", "disabled"),
          "run.wandb_mode must be offline, online or disabled"),
         (cfg.run.histogram_every >= 0, "run.histogram_every must be >= 0"),
+        (min(cfg.run.eval_every, cfg.run.video_every, cfg.run.checkpoint_every) >= 0,
+         "run.eval_every, run.video_every and run.checkpoint_every must be >= 0 (0 = never)"),
+        (min(cfg.run.time_limit, cfg.run.log_every) >= 0 and cfg.run.checkpoint_minutes > 0,
+         "run.time_limit (0 = none) and run.log_every must be >= 0, "
+         "run.checkpoint_minutes > 0"),
+        (cfg.run.threads >= 0, "run.threads must be >= 0 (0 = torch's default)"),
+        (cfg.env.max_episode_steps is None or cfg.env.max_episode_steps >= 1,
+         "env.max_episode_steps must be >= 1 (or null for the env's own limit)"),
+        (all(v >= 1 for v in cfg.model.dims().values()),
+         f"model sizes must be >= 1, got {cfg.model.dims()}"),
+        (cfg.model.num_bins >= 2 and cfg.model.bins_low < cfg.model.bins_high,
+         "model.num_bins must be >= 2 and model.bins_low < model.bins_high"),
+        (0 < cfg.model.actor_min_std <= cfg.model.actor_max_std,
+         "model.actor_min_std must be in (0, model.actor_max_std]"),
     ]
     for ok, msg in checks:
         if not ok:
@@ -364,8 +379,18 @@ def to_yaml(cfg: Config) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
-def from_yaml(text: str) -> Config:
-    loaded = OmegaConf.create(text)
+def from_yaml(text: str, where: str = "config file") -> Config:
+    """A Config from YAML text (a run's config.yaml): every key must be one this version of
+    lucid knows; keys the text leaves out take their defaults."""
+    try:
+        loaded = OmegaConf.create(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where} is not valid YAML ({' '.join(str(exc).split())}); fix "
+                          f"the line named, or restore it from the run's checkpoint "
+                          f"(its 'config' entry)") from None
+    if not isinstance(loaded, DictConfig) or not loaded:
+        raise ConfigError(f"{where} is empty or not a mapping of config sections; restore it "
+                          f"from the run's checkpoint (its 'config' entry)")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), loaded)
     except (ConfigKeyError, ConfigAttributeError, ValidationError) as exc:

@@ -29,6 +29,8 @@ import time
 import numpy as np
 import torch
 
+from .runner import EnvError
+
 
 def _ray():
     try:
@@ -164,7 +166,7 @@ class RayCollector:
         self.runner_restarts += 1
         self.dropped_chunks += 1
         if self.runner_restarts > self.cfg.run.max_runner_restarts:
-            raise RuntimeError(f"Ray env runners died more than run.max_runner_restarts="
+            raise EnvError(f"Ray env runners died more than run.max_runner_restarts="
                                f"{self.cfg.run.max_runner_restarts} times; last error: "
                                f"{type(exc).__name__}: {exc}") from exc
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -78,6 +78,9 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a directory")
+    if not any((run_dir / n).exists() for n in ("config.yaml", "metrics.jsonl", "episodes.jsonl")):
+        raise FileNotFoundError(f"{run_dir} is not a lucid run directory (it has no "
+                                f"config.yaml, metrics.jsonl or episodes.jsonl)")
     out = Path(out) if out else run_dir / "report.html"
     cfg_path = run_dir / "config.yaml"
     config = cfg_path.read_text() if cfg_path.exists() else "(no config.yaml)"

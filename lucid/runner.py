@@ -19,6 +19,10 @@ import torch
 from .envs.spaces import ActionSpec, ObsSpec
 
 
+class EnvError(RuntimeError):
+    """The environment kept raising, or gave data that cannot be stored (NaN, wrong shape)."""
+
+
 class Restarting(gym.Wrapper):
     """Rebuilds the environment when its `step` or `reset` raises, up to `max_restarts` times.
     A failed step ends the episode as a truncation (not terminal) with zero reward, and the
@@ -31,7 +35,7 @@ class Restarting(gym.Wrapper):
     def _restart(self, exc: Exception, where: str) -> None:
         self.restarts += 1
         if self.restarts > self.max_restarts:
-            raise RuntimeError(f"the environment raised in {where} more than "
+            raise EnvError(f"the environment raised in {where} more than "
                                f"env.max_restarts={self.max_restarts} times; last error: "
                                f"{type(exc).__name__}: {exc}") from exc
         print(f"warning: the environment raised in {where} ({type(exc).__name__}: {exc}); "

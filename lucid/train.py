@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import signal
@@ -22,12 +23,12 @@ import torch
 
 from . import checkpoint as ckpt
 from .agent import Agent
-from .config import Config, from_yaml, to_yaml
+from .config import Config, ConfigError, from_yaml, to_yaml
 from .envs import ActionSpec, ObsSpec, env_fn, make_env
 from .envs.crafter import AchievementTracker
 from .logger import Logger
 from .replay import Prefetcher, Replay
-from .runner import Collector, evaluate, restarting
+from .runner import Collector, EnvError, evaluate, restarting
 from .system import tune_malloc
 from . import distributed
 
@@ -90,6 +91,33 @@ def default_run_dir(cfg: Config) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-s{cfg.run.seed}"
 
 
+RUN_FILES = ("config.yaml", "checkpoints", "replay", "metrics.jsonl", "episodes.jsonl")
+
+
+def claim_run_dir(given: Path | None, cfg: Config) -> Path:
+    """The directory of a new run: `given` if it holds no run yet (never another run's files
+    overwritten), else a fresh runs/ENV-TIME-sSEED, with -2, -3, ... when two runs start in
+    the same second."""
+    if given is not None:
+        held = [n for n in RUN_FILES if (given / n).exists()]
+        if held:
+            raise ConfigError(
+                f"{given} already holds a run ({', '.join(held)}); continue it with "
+                f"`lucid train --resume {given}` (or Dreamer.load), or give another run "
+                f"directory. Nothing was written")
+        given.mkdir(parents=True, exist_ok=True)
+        return given
+    base = default_run_dir(cfg)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for i in itertools.count(1):
+        path = base if i == 1 else base.with_name(f"{base.name}-{i}")
+        try:
+            path.mkdir()  # atomic: two processes never get the same directory
+            return path
+        except FileExistsError:
+            continue
+
+
 def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
     env = make_env(cfg.env.id, cfg.env.max_episode_steps, **cfg.env.kwargs)
     try:
@@ -101,27 +129,31 @@ def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
 class Trainer:
     """Owns the agent, replay, collector and counters of one run directory."""
 
-    def __init__(self, cfg: Config, run_dir: Path | str | None = None, resume: bool = False):
+    def __init__(self, cfg: Config, run_dir: Path | str | None = None, resume: bool = False,
+                 learn: bool = True):
+        """A new run in `run_dir` (or cfg.run.run_dir, else a fresh directory under runs/),
+        or with `resume` the run saved there, continued with `cfg`'s run.steps and
+        run.device. `learn=False` loads a run to evaluate or dream with: its config.yaml
+        stays as it is and no env runners start."""
         # Data-parallel learners (torchrun): rank 0's run directory is everyone's.
         self.dist = distributed.DataParallel(cfg.run.device) if distributed.launched() else None
         self.rank = self.dist.rank if self.dist else 0
-        self.run_dir = Path(run_dir or cfg.run.run_dir or default_run_dir(cfg))
-        if self.dist is not None:
-            self.run_dir = Path(self.dist.broadcast_object(str(self.run_dir)))
+        given = run_dir or cfg.run.run_dir
         if resume:
-            path = self.run_dir / "config.yaml"
-            if not path.exists():
-                raise FileNotFoundError(f"cannot resume: {path} does not exist")
-            saved = from_yaml(path.read_text())
+            self.run_dir = Path(given)
+            if self.dist is not None:
+                self.run_dir = Path(self.dist.broadcast_object(str(self.run_dir)))
+            saved = self._saved_config()
             saved.run.steps = max(saved.run.steps, cfg.run.steps) if cfg.run.steps else saved.run.steps
             saved.run.device = resumed_device(saved.run.device, cfg.run.device)
             cfg = saved
         self.cfg = cfg
         self.device = self.dist.device if self.dist else resolve_device(cfg.run.device)
         self.obs_spec, self.act_spec = spaces_of(cfg)  # a bad env fails before any file is written
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.rank == 0:
-            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        if not resume:
+            self.run_dir = self._new_run_dir(Path(given) if given else None)
+        if self.rank == 0 and learn:
+            ckpt.atomic_write_text(self.run_dir / "config.yaml", to_yaml(cfg))
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         if cfg.run.tune_malloc:
@@ -136,11 +168,41 @@ class Trainer:
             self._restore()
         if self.dist is not None:
             self.dist.attach(self.agent)  # rank 0's parameters; gradients averaged over ranks
-        self.collector = self._make_collector()
+        self.collector = self._make_collector() if learn else None
         self._restarts_before = self.counters["env_restarts"]
         self.recent: list[float] = []
         self._stop = False
         self._batches: Prefetcher | None = None  # the learner's batch source, made by run()
+
+    def _new_run_dir(self, given: Path | None) -> Path:
+        """Rank 0 claims the directory; a refusal reaches every rank."""
+        claim: str | ConfigError | None = None
+        if self.rank == 0:
+            try:
+                claim = str(claim_run_dir(given, self.cfg))
+            except ConfigError as exc:
+                claim = exc
+        if self.dist is not None:
+            claim = self.dist.broadcast_object(claim)
+        if isinstance(claim, ConfigError):
+            raise claim
+        return Path(claim)
+
+    def _saved_config(self) -> Config:
+        """The run's config.yaml, or where that file is missing or empty (a disk that filled
+        up), the config stored in its newest checkpoint."""
+        path = self.run_dir / "config.yaml"
+        text = path.read_text() if path.is_file() else ""
+        if text.strip():
+            return from_yaml(text, where=str(path))
+        if not ckpt.list_checkpoints(self.run_dir):
+            raise FileNotFoundError(
+                f"{self.run_dir} is not a lucid run: it has no config.yaml and no checkpoints/"
+                + ("" if self.run_dir.is_dir() else " (the directory does not exist)"))
+        payload, found = ckpt.load_latest(self.run_dir)
+        print(f"note: {path} is {'empty' if path.is_file() else 'missing'}; using the config "
+              f"stored in {found}")
+        return from_yaml(payload["config"], where=f"the config stored in {found}")
 
     # ------------------------------------------------------------------ persistence
 
@@ -196,6 +258,13 @@ class Trainer:
         """Train until `run.steps` env steps (or the time limit, the target return, SIGINT /
         SIGTERM, or `callback(info)` returning False after an episode), then checkpoint."""
         cfg, t, c = self.cfg, self.cfg.train, self.counters
+        if self.collector is None:
+            raise RuntimeError("this Trainer was loaded with learn=False (to evaluate); "
+                               "load it with learn=True to train")
+        if c["env_steps"] < cfg.run.steps <= t.prefill and self.rank == 0:
+            print(f"note: run.steps={cfg.run.steps} ends within the {t.prefill} random-action "
+                  f"steps of train.prefill, so no update will be made; raise --steps or lower "
+                  f"train.prefill")
         self._stop = False
         logger = Logger(self.run_dir, progress=cfg.run.progress, total_steps=cfg.run.steps,
                         start_steps=c["env_steps"], config=cfg) \
@@ -219,7 +288,14 @@ class Trainer:
         try:
             while c["env_steps"] < cfg.run.steps and not self._stopping(start):
                 policy = None if c["env_steps"] < t.prefill else self.agent
-                n, finished = self._collect(policy)
+                try:
+                    n, finished = self._collect(policy)
+                except (ValueError, KeyError, EnvError) as exc:  # NaN, wrong shape, crashing
+                    self.save()  # the bad step never reached the replay
+                    raise EnvError(
+                        f"{exc} (at {c['env_steps']} env steps); stopped with a checkpoint in "
+                        f"{self.run_dir}: fix the environment, then continue with `lucid "
+                        f"train --resume {self.run_dir}`") from exc
                 self.achievements.update(getattr(self.collector, "info", None) or {})
                 c["env_steps"] += n
                 for ep in finished:
@@ -288,7 +364,8 @@ class Trainer:
         return self.run_dir
 
     def close(self) -> None:
-        self.collector.close()
+        if self.collector is not None:
+            self.collector.close()
         if self.dist is not None:
             self.dist.close()
 

@@ -47,6 +47,29 @@ def test_truncated_newest_checkpoint_falls_back_to_previous(tmp_path):
         payload, path = load_latest(tmp_path)
     assert path == first
     assert payload["counters"]["updates"] == tr.counters["updates"] - 1
+    newest.write_bytes(bytes(len(data)))  # zero-filled (a crash of the filesystem)
+    with pytest.warns(UserWarning, match="not a readable checkpoint"):
+        assert load_latest(tmp_path)[1] == first
+    tr.close()
+
+
+def test_dreamer_load_takes_a_run_directory_and_never_writes_into_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the loaded agent's own directory goes to ./runs/
+    tr = Trainer(_small_cfg(tmp_path / "run", 40))
+    tr.run()
+    tr.close()
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    agent = Dreamer.load(tmp_path / "run", run_dir=None)  # its newest checkpoint
+    assert agent.trainer.counters["env_steps"] == 40
+    assert agent.trainer.run_dir != tmp_path / "run"  # further learning goes elsewhere
+    for p, q in zip(tr.agent.wm.parameters(), agent.agent.wm.parameters()):
+        assert torch.equal(p, q)
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+    with pytest.raises(FileNotFoundError, match="neither a checkpoint file nor a run"):
+        Dreamer.load(tmp_path)
+    import gymnasium as gym
+    with pytest.raises(TypeError, match=r"an instance \(CartPoleEnv\(\)\)"):
+        Dreamer(gym.make("CartPole-v1").unwrapped.__class__)
 
 
 def test_dreamer_api_learn_predict_save_load(tmp_path):
@@ -101,3 +124,11 @@ def test_dreamer_api_takes_an_env_instance_and_a_callback(tmp_path):
     assert len(rets) == 2 and all(1 <= r <= 30 for r in rets)
     agent.learn(20)  # a stopped run can learn again
     assert agent.trainer.counters["env_steps"] >= seen[-1]["env_steps"] + 20
+    agent.save(tmp_path / "a.pt")  # the checkpoint holds the env's name, not the instance
+    with pytest.raises(ValueError, match=r"trained on an env instance.*env=MyEnv\(\)"):
+        Dreamer.load(tmp_path / "a.pt", run_dir=tmp_path / "r2")
+    again = Dreamer.load(tmp_path / "a.pt", run_dir=tmp_path / "r3",
+                         env=gym.make("CartPole-v1", max_episode_steps=30))
+    for p, q in zip(agent.agent.wm.parameters(), again.agent.wm.parameters()):
+        assert torch.equal(p, q)
+    assert len(again.evaluate(1)) == 1  # in the instance passed

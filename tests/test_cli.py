@@ -35,6 +35,10 @@ def test_train_then_eval_then_resume(tmp_path):
     assert torch.cuda.is_available() or "run.device=cuda, which this machine lacks" in r.output
     out = json.loads(r.output.strip().splitlines()[-1])
     assert out["episodes"] == 2 and len(out["returns"]) == 2
+    assert "device: cuda" in (tmp_path / "config.yaml").read_text()  # eval changes no file
+    # a second run in the same directory is refused, and the first one's files stay
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "already holds a run" in r.output and "--resume" in r.output
     # options the saved config would override are refused, not dropped, and nothing changes
     before = (tmp_path / "config.yaml").read_text()
     r = runner.invoke(app, ["train", "--resume", str(tmp_path), "--steps", "60",
@@ -98,3 +102,21 @@ def test_a_resumed_run_takes_the_device_asked_for_else_its_own_where_this_machin
     assert resumed_device("cuda:1", "auto") == "cuda:1"
     assert resumed_device("cpu", "auto") == "cpu"  # a CPU run stays on the CPU unless asked
     assert resumed_device("cpu", "cuda") == "cuda"
+
+
+def test_bad_command_line_values_are_one_line_errors(tmp_path):
+    """Refused before anything is loaded or written; exit status 2, no traceback."""
+    cases = [
+        (["eval", str(tmp_path), "--episodes", "0"], "--episodes must be >= 1"),
+        (["dream", str(tmp_path), "--out", "d.avi"], "--out must end in .mp4 or .gif"),
+        (["plot", str(tmp_path), "--out", str(tmp_path)], "is a directory"),
+        (["train", "model.size"], "write model.size=VALUE"),
+        (["eval", str(tmp_path / "nothing")], "not a lucid run"),
+        (["report", str(tmp_path)], "not a lucid run directory"),
+    ]
+    for args, message in cases:
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert message in r.output, (args, r.output)
+        assert r.exception is None or isinstance(r.exception, SystemExit), args
+    assert not any(tmp_path.iterdir())

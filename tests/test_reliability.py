@@ -18,7 +18,7 @@ import torch
 from lucid.checkpoint import list_checkpoints, load_latest
 from lucid.config import ConfigError, make_config
 from lucid.replay import Replay, to_batch
-from lucid.train import NonFiniteError, Trainer
+from lucid.train import EnvError, NonFiniteError, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = {"obs/vector": ((2,), np.float32), "action": ((1,), np.float32),
@@ -242,6 +242,94 @@ def test_env_that_keeps_crashing_stops_the_run_with_a_clear_error(tmp_path):
     tr.close()
 
 
+class NaNEnv(FlakyEnv):
+    """Returns a NaN observation at its `bad_step`-th step, while `NaNEnv.broken` is set."""
+    broken = True
+
+    def __init__(self, bad_step: int = 30):
+        super().__init__(every=10**9)
+        self.bad_step, self.steps = bad_step, 0
+
+    def step(self, action):
+        obs, *rest = super().step(action)
+        self.steps += 1
+        if NaNEnv.broken and self.steps == self.bad_step:
+            obs = np.full(3, np.nan, np.float32)
+        return (obs, *rest)
+
+
+def make_nan():
+    return NaNEnv()
+
+
+def test_a_nan_observation_stops_the_run_with_a_checkpoint_to_resume_from(tmp_path):
+    cfg = _cfg(tmp_path, env={"id": "test_reliability:make_nan"}, run={"steps": 60})
+    tr = Trainer(cfg)
+    NaNEnv.broken = True
+    try:
+        with pytest.raises(EnvError, match=r"'vector' contains NaN or Inf.*\(at 30 env "
+                                           r"steps\); stopped with a checkpoint.*--resume"):
+            tr.run()
+    finally:
+        NaNEnv.broken = False
+        tr.close()
+    payload, _ = load_latest(tmp_path)
+    assert payload["counters"]["env_steps"] == 30 and payload["counters"]["updates"] > 0
+    again = Trainer(make_config("default", run={"steps": 60}), tmp_path, resume=True)
+    assert again.counters["env_steps"] == 30 and again.replay.count == 30
+    assert np.isfinite(again.replay.data["obs/vector"][:30]).all()  # none of the bad step
+    again.run()
+    again.close()
+    assert again.counters["env_steps"] == 60
+
+
+def test_an_env_without_render_mode_names_what_videos_need():
+    from lucid.envs import make_env
+    make_env("test_reliability:FlakyEnv").close()  # training needs no render_mode
+    with pytest.raises(TypeError, match="does not take render_mode, which videos need"):
+        make_env("test_reliability:FlakyEnv", render_mode="rgb_array")
+
+
+# --------------------------------------------------------------------------- run directories
+
+def test_a_new_run_never_writes_into_another_runs_directory(tmp_path, monkeypatch):
+    tr = Trainer(_cfg(tmp_path, run={"steps": 30}))
+    tr.run()
+    tr.close()
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match=r"already holds a run \(config.yaml, checkpoints.*--resume"):
+        Trainer(_cfg(tmp_path, run={"steps": 30}))
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    Trainer(_cfg(tmp_path / "empty", run={"steps": 30})).close()  # a new directory is fine
+    # default directories: two runs started in the same second get two directories
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("time.strftime", lambda fmt: "20261201-000000")
+    cfg = _cfg(tmp_path, run={"run_dir": None})
+    first, second = Trainer(cfg), Trainer(cfg)
+    first.close(), second.close()
+    assert first.run_dir == Path("runs/CartPole-v1-20261201-000000-s0")
+    assert second.run_dir == Path("runs/CartPole-v1-20261201-000000-s0-2")
+
+
+def test_a_damaged_config_yaml_is_named_or_recovered_from_the_checkpoint(tmp_path, capsys):
+    tr = Trainer(_cfg(tmp_path, run={"steps": 30}))
+    tr.run()
+    tr.close()
+    path = tmp_path / "config.yaml"
+    good = path.read_text()
+    path.write_text(good.replace("batch_size: 2", "batch_size: [2"))  # a hand edit gone wrong
+    with pytest.raises(ConfigError, match=r"config.yaml is not valid YAML .*line"):
+        Trainer(make_config("default", run={"steps": 40}), tmp_path, resume=True)
+    path.write_text("")  # a disk that filled up
+    again = Trainer(make_config("default", run={"steps": 40}), tmp_path, resume=True)
+    assert "config.yaml is empty; using the config stored in" in capsys.readouterr().out
+    assert again.cfg.train.batch_size == 2 and again.counters["env_steps"] == 30
+    again.close()
+    assert path.read_text() == good.replace("steps: 30", "steps: 40")  # written back whole
+    with pytest.raises(FileNotFoundError, match="not a lucid run"):
+        Trainer(make_config("default"), tmp_path / "nothing", resume=True)
+
+
 # --------------------------------------------------------------------------- config
 
 @pytest.mark.parametrize("override,key", [
@@ -249,6 +337,9 @@ def test_env_that_keeps_crashing_stops_the_run_with_a_clear_error(tmp_path):
     ("train.replay_capacity=4", "train.replay_capacity"), ("run.device=tpu", "run.device"),
     ("train.continuous_grad=magic", "continuous_grad"), ("model.unimix=1.0", "model.unimix"),
     ("env.num_envs=0", "env.num_envs"), ("train.max_nonfinite=0", "max_nonfinite"),
+    ("run.eval_every=-1", "run.eval_every"), ("run.time_limit=-1", "run.time_limit"),
+    ("run.threads=-2", "run.threads"), ("env.max_episode_steps=0", "env.max_episode_steps"),
+    ("model.dense_units=-1", "model sizes"), ("model.bins_low=30", "model.bins_low"),
 ])
 def test_impossible_values_are_refused_before_anything_runs(override, key):
     with pytest.raises(ConfigError, match=key):

@@ -167,7 +167,15 @@ def _user_env(spec: str, **kwargs) -> gym.Env:
         raise UnknownEnvError(f"cannot load environment {spec!r}: {exc}; use "
                               f"`module.path:EnvClass` or `module.path:make_fn`, or a suite "
                               f"prefix ({suites})") from None
-    env = obj(**kwargs)
+    try:
+        env = obj(**kwargs)
+    except TypeError as exc:
+        if "render_mode" in kwargs and "render_mode" in str(exc):
+            raise TypeError(f"{spec} does not take render_mode, which videos need: give it a "
+                            f"render_mode=None argument and return frames from render() when "
+                            f"it is 'rgb_array' (gymnasium's convention), or run without "
+                            f"videos (run.videos=false, no --video)") from None
+        raise
     if not isinstance(env, gym.Env):
         raise UnknownEnvError(f"{spec!r} returned {type(env).__name__}, not a gymnasium.Env")
     return env
@@ -210,7 +218,11 @@ def make_env(env_id: str, max_episode_steps: int | None = None, render_mode: str
                               f"`module.path:EnvClass` for your own env)")
     if max_episode_steps:
         kwargs["max_episode_steps"] = max_episode_steps
-    return gym.make(env_id, **kwargs)
+    try:
+        return gym.make(env_id, **kwargs)
+    except gym.error.DependencyNotInstalled as exc:  # e.g. Box2D envs without box2d
+        raise ImportError(f"{env_id} needs a package that is not installed: "
+                          f"{' '.join(str(exc).split())}") from None
 
 
 def env_fn(env_id: str, max_episode_steps: int | None = None, **options: Any
