@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .checkpoint import atomic_torch_save, load_checkpoint, load_latest, FORMAT_VERSION
-from .config import from_yaml, make_config, to_yaml
+from .config import ConfigError, from_yaml, make_config, to_yaml
 from .envs import default_preset
 from .train import Trainer, resumed_device
 
@@ -75,6 +75,10 @@ class Dreamer:
         preset = preset or default_preset(env)
         sections: dict = {"env": {"id": env}}
         for key, val in overrides.items():
+            if "__" not in key and not isinstance(val, dict):
+                raise ConfigError(f"Dreamer(..., {key}={val!r}): give config keys as "
+                                  f"section__key=value (e.g. train__train_ratio=64) or a dict "
+                                  f"per section (train={{'train_ratio': 64}})")
             if isinstance(val, dict):
                 sections.setdefault(key, {}).update(val)
             else:
@@ -91,6 +95,10 @@ class Dreamer:
         """Train for `total_env_steps` more env steps. `callback(info)` is called after every
         finished training episode with a dict of the counters, `return` and `length`;
         returning False stops learning (with a checkpoint)."""
+        if not isinstance(total_env_steps, int) or isinstance(total_env_steps, bool) \
+                or total_env_steps < 0:
+            raise ValueError(f"learn() takes a whole number of env steps >= 0, got "
+                             f"{total_env_steps!r}")
         self.trainer.cfg.run.steps = self.trainer.counters["env_steps"] + total_env_steps
         self.trainer.run(callback=callback)
         return self

@@ -45,6 +45,41 @@ def atomic_write_text(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+class RunLock:
+    """An exclusive lock on a run directory while a process trains in it (`RUN/.lock`, a
+    POSIX advisory lock that the kernel drops when the process dies, even by SIGKILL)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / ".lock"
+        self.f = None
+
+    def acquire(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock
+            return
+        f = open(self.path, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            pid = f.read().strip() or "?"
+            f.close()
+            from .config import ConfigError
+            raise ConfigError(f"{self.path.parent} is in use: another lucid process (pid {pid}) "
+                              f"is training in it; wait for it to finish or stop it") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self.f = f
+
+    def release(self) -> None:
+        if self.f is not None:
+            self.f.close()  # closing drops the lock
+            self.f = None
+
+
 def _fsync_dir(d: Path) -> None:
     try:
         fd = os.open(d, os.O_RDONLY)
@@ -136,11 +171,17 @@ def _unreadable(path: Path, exc: Exception) -> str:
     return f"{path} is not a readable checkpoint (truncated or corrupt: {first[:160]})"
 
 
-def load_latest(run_dir: Path, map_location="cpu") -> tuple[dict, Path]:
-    """Newest loadable checkpoint; a truncated or corrupt newer one is skipped with a warning."""
+def load_latest(run_dir: Path, map_location="cpu", set_aside: bool = False
+                ) -> tuple[dict, Path]:
+    """Newest loadable checkpoint; a truncated or corrupt newer one is skipped with a warning
+    and, with `set_aside` (a run that goes on), renamed `*.corrupt`, so that pruning by
+    number never keeps it in place of a good one."""
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
-        raise FileNotFoundError(f"no checkpoints in {Path(run_dir) / 'checkpoints'}")
+        raise FileNotFoundError(
+            f"no checkpoints in {Path(run_dir) / 'checkpoints'}: the run stopped before its "
+            f"first one (they are written every run.checkpoint_minutes, run.checkpoint_every "
+            f"env steps and at the end), so there is nothing to resume; start a new run")
     errors = []
     for path in reversed(ckpts):
         try:
@@ -149,5 +190,10 @@ def load_latest(run_dir: Path, map_location="cpu") -> tuple[dict, Path]:
             if "refused to load" in str(exc):
                 raise
             errors.append(f"{path.name}: {exc}")
-            warnings.warn(f"checkpoint {path} is unreadable ({exc}); trying the previous one")
+            aside = ""
+            if set_aside:
+                path.rename(path.with_name(path.name + ".corrupt"))
+                aside = f", set aside as {path.name}.corrupt"
+            warnings.warn(f"checkpoint {path} is unreadable ({exc}){aside}; trying the "
+                          f"previous one")
     raise ValueError("no readable checkpoint in " + str(run_dir) + ": " + "; ".join(errors))

@@ -149,6 +149,9 @@ def eval_cmd(run_dir: str, episodes: int = typer.Option(10), sampled: bool = Fal
         return _eval_video(run_dir, episodes, sampled, video_format)
     trainer = _load_run(run_dir)
     eps = trainer.evaluate(episodes, explore=sampled)
+    if not eps:
+        _fail("no evaluation episode ended (see the warning above): give the env a time "
+              "limit, e.g. edit env.max_episode_steps in the run's config.yaml")
     rets = [e.ret for e in eps]
     typer.echo(json.dumps({"episodes": len(rets), "mean_return": sum(rets) / len(rets),
                            "returns": rets}))
@@ -203,6 +206,9 @@ def dream_cmd(run_dir: str,
     from .video import dream_video, write_video
     if out and Path(out).suffix.lower() not in (".mp4", ".gif"):
         _fail(f"--out must end in .mp4 or .gif, got {out!r}")
+    if min(horizon, rows) < 1 or context < 0 or fps <= 0:
+        _fail(f"--horizon and --rows must be >= 1, --context >= 0 and --fps > 0 (got "
+              f"{horizon}, {rows}, {context}, {fps})")
     trainer = _load_run(run_dir)
     try:
         frames = dream_video(trainer, horizon=horizon, context=context, rows=rows, seed=seed)

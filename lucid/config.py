@@ -361,6 +361,7 @@ def validate(cfg: Config) -> None:
          "run.time_limit (0 = none) and run.log_every must be >= 0, "
          "run.checkpoint_minutes > 0"),
         (cfg.run.threads >= 0, "run.threads must be >= 0 (0 = torch's default)"),
+        (cfg.run.eval_episodes >= 1, "run.eval_episodes must be >= 1"),
         (cfg.env.max_episode_steps is None or cfg.env.max_episode_steps >= 1,
          "env.max_episode_steps must be >= 1 (or null for the env's own limit)"),
         (all(v >= 1 for v in cfg.model.dims().values()),

@@ -52,6 +52,29 @@ def import_wandb():
     return wandb
 
 
+def drop_rows_after(path: Path, env_steps: int) -> int:
+    """Rewrite a JSONL log without its rows past `env_steps` (and any torn last line),
+    atomically; returns how many rows were dropped."""
+    if not path.exists():
+        return 0
+    keep, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill
+            dropped += 1
+            continue
+        if isinstance(row, dict) and row.get("env_steps", 0) > env_steps:
+            dropped += 1
+        else:
+            keep.append(line)
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, path)
+    return dropped
+
+
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -63,11 +86,13 @@ class Logger:
     None it is taken from `config.run.logger` (default: TensorBoard). `config` (a lucid
     Config) also gives the W&B project and mode, the histogram interval, and is stored with
     the run in TensorBoard and W&B. `tensorboard=False` turns TensorBoard off whatever the
-    backends say."""
+    backends say. `purge_after` (a resumed run's env steps at its checkpoint) drops the rows
+    and TensorBoard events that a killed run wrote after that point, so that curves do not
+    run twice over the same steps."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, progress: bool = True,
                  total_steps: int = 0, start_steps: int = 0, backends: Any = None,
-                 config: Any = None):
+                 config: Any = None, purge_after: int | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         run_cfg = getattr(config, "run", None)
@@ -81,6 +106,10 @@ class Logger:
         self._hist: dict[str, list[float]] = {"return": [], "length": []}
         self._eval: tuple[int, str] | None = None  # (env steps, policy) of buffered eval eps
         self._eval_eps: list[dict] = []
+        if purge_after is not None:
+            for name in ("metrics.jsonl", "episodes.jsonl"):
+                drop_rows_after(self.run_dir / name, purge_after)
+        self._purge_step = None if purge_after is None else purge_after + 1
         self.metrics_f = open(self.run_dir / "metrics.jsonl", "a")
         self.episodes_f = open(self.run_dir / "episodes.jsonl", "a")
         self.tb = None
@@ -118,7 +147,8 @@ class Logger:
             warnings.warn("tensorboard is not installed; logging to the JSONL files only "
                           "(pip install tensorboard)")
             return
-        self.tb = SummaryWriter(str(self.run_dir / "tb"))
+        # purge_step: TensorBoard hides the earlier files' events at and after that step
+        self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=self._purge_step)
         if config is not None:
             from .config import to_yaml
             text = "\n".join("    " + line for line in to_yaml(config).splitlines())

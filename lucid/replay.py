@@ -73,8 +73,16 @@ class Replay(_Locked):
         self.chunk_length = chunk_length
         if memmap and self.directory is None:
             raise ValueError("a memory-mapped replay needs a directory for its files")
-        self.data = {k: self._array(k, (num_envs, self.per_env, *s), d, memmap)
-                     for k, (s, d) in self.fields.items()}
+        try:
+            self.data = {k: self._array(k, (num_envs, self.per_env, *s), d, memmap)
+                         for k, (s, d) in self.fields.items()}
+        except MemoryError:
+            from .config import ConfigError
+            raise ConfigError(
+                f"a replay of {self.per_env * num_envs:,} steps of {self.step_bytes:,} bytes "
+                f"needs {self.per_env * num_envs * self.step_bytes / 2**30:.1f} GB, more than "
+                f"this machine can allocate: lower train.replay_capacity, cap it with "
+                f"train.replay_max_gb, or keep it on disk with train.replay_memmap=true") from None
         self.pos = 0  # next write slot (same for all envs: they step together)
         self.count = 0  # steps written per env, ever
         self.persisted = 0  # steps per env already written to chunk files

@@ -9,6 +9,7 @@ truncation sets `is_last` without `is_terminal`.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -17,6 +18,9 @@ import numpy as np
 import torch
 
 from .envs.spaces import ActionSpec, ObsSpec
+
+
+EVAL_MAX_STEPS = 100_000  # per evaluation episode: beyond it the env has no time limit
 
 
 class EnvError(RuntimeError):
@@ -143,13 +147,22 @@ class Collector:
 def evaluate(agent, env_fn: Callable[[], gym.Env], obs_spec: ObsSpec, act_spec: ActionSpec,
              episodes: int, explore: bool = False, seed: int = 10_000,
              num_envs: int = 1) -> list[Episode]:
-    """Run `episodes` full episodes with the agent's greedy (or sampled) policy."""
+    """Run `episodes` full episodes with the agent's greedy (or sampled) policy. An env whose
+    episodes do not end within EVAL_MAX_STEPS steps each is stopped with a warning (it has
+    no time limit), and the episodes finished by then are returned."""
     col = Collector([env_fn] * num_envs, obs_spec, act_spec, seed=seed)
     done: list[Episode] = []
+    steps = 0
     try:
         while len(done) < episodes:
             _, finished = col.step(agent, explore=explore)
             done += finished
+            steps += 1
+            if steps > EVAL_MAX_STEPS * episodes:
+                warnings.warn(f"evaluation stopped after {steps:,} steps with {len(done)} of "
+                              f"{episodes} episodes finished: this env's episodes do not end; "
+                              f"give it a time limit (env.max_episode_steps=N)")
+                break
     finally:
         col.close()
     return done[:episodes]

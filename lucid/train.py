@@ -18,6 +18,7 @@ import time
 import warnings
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -91,15 +92,18 @@ def default_run_dir(cfg: Config) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-s{cfg.run.seed}"
 
 
-RUN_FILES = ("config.yaml", "checkpoints", "replay", "metrics.jsonl", "episodes.jsonl")
+RUN_FILES = ("checkpoints", "replay", "metrics.jsonl", "episodes.jsonl")  # a run's data
 
 
 def claim_run_dir(given: Path | None, cfg: Config) -> Path:
-    """The directory of a new run: `given` if it holds no run yet (never another run's files
-    overwritten), else a fresh runs/ENV-TIME-sSEED, with -2, -3, ... when two runs start in
-    the same second."""
+    """The directory of a new run: `given` if it holds no run's data yet (never another run's
+    files overwritten; a config.yaml alone, left by a start that failed, is replaced), else a
+    fresh runs/ENV-TIME-sSEED, with -2, -3, ... when two runs start in the same second."""
     if given is not None:
-        held = [n for n in RUN_FILES if (given / n).exists()]
+        if given.exists() and not given.is_dir():
+            raise ConfigError(f"the run directory {given} is a file; give a directory")
+        held = [n for n in RUN_FILES if (given / n).is_file() and (given / n).stat().st_size
+                or (given / n).is_dir() and any((given / n).iterdir())]
         if held:
             raise ConfigError(
                 f"{given} already holds a run ({', '.join(held)}); continue it with "
@@ -119,11 +123,45 @@ def claim_run_dir(given: Path | None, cfg: Config) -> Path:
 
 
 def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
+    """The env's observation and action specs, and a check that its first reset and step fit
+    them: a custom env's mistakes show here, named, before any file is written."""
     env = make_env(cfg.env.id, cfg.env.max_episode_steps, **cfg.env.kwargs)
     try:
-        return ObsSpec.from_space(env.observation_space), ActionSpec.from_space(env.action_space)
+        spaces = [getattr(env, name, None) for name in ("observation_space", "action_space")]
+        if not all(isinstance(s, gym.Space) for s in spaces):
+            raise TypeError(f"{cfg.env.id} has no observation_space or action_space (a "
+                            f"gymnasium.spaces.Space each); set both in its __init__")
+        obs_spec, act_spec = ObsSpec.from_space(spaces[0]), ActionSpec.from_space(spaces[1])
+        out = env.reset(seed=cfg.run.seed)
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+            raise TypeError(f"{cfg.env.id}'s reset() returned {type(out).__name__}, not "
+                            f"(observation, info): gymnasium envs return both")
+        _fits(cfg.env.id, obs_spec, spaces[0], out[0], "first observation")
+        out = env.step(spaces[1].sample())
+        if not (isinstance(out, tuple) and len(out) == 5):
+            raise TypeError(f"{cfg.env.id}'s step() returned {type(out).__name__} of "
+                            f"{len(out) if isinstance(out, tuple) else 1}, not (observation, "
+                            f"reward, terminated, truncated, info): gymnasium envs return five")
+        _fits(cfg.env.id, obs_spec, spaces[0], out[0], "observation after step()")
+        reward, flags = np.asarray(out[1]), [np.asarray(f) for f in out[2:4]]
+        if reward.ndim != 0 or not np.issubdtype(reward.dtype, np.number):
+            raise TypeError(f"{cfg.env.id}'s step() returned the reward {out[1]!r}; it must be "
+                            f"one number")
+        if any(f.ndim != 0 or not (f.dtype == bool or np.issubdtype(f.dtype, np.integer)
+                                   and int(f) in (0, 1)) for f in flags):
+            raise TypeError(f"{cfg.env.id}'s step() returned terminated={out[2]!r}, "
+                            f"truncated={out[3]!r}; both must be bools")
+        return obs_spec, act_spec
     finally:
         env.close()
+
+
+def _fits(env_id: str, spec: ObsSpec, space, obs, what: str) -> None:
+    try:
+        spec.convert(obs)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise ValueError(f"{env_id}'s {what} does not fit its observation_space {space}: "
+                         f"{exc}") from None
 
 
 class Trainer:
@@ -138,6 +176,8 @@ class Trainer:
         # Data-parallel learners (torchrun): rank 0's run directory is everyone's.
         self.dist = distributed.DataParallel(cfg.run.device) if distributed.launched() else None
         self.rank = self.dist.rank if self.dist else 0
+        self._learn = learn
+        self._purge_logs_after: int | None = None  # a resumed run's logs past its checkpoint
         given = run_dir or cfg.run.run_dir
         if resume:
             self.run_dir = Path(given)
@@ -169,6 +209,7 @@ class Trainer:
         if self.dist is not None:
             self.dist.attach(self.agent)  # rank 0's parameters; gradients averaged over ranks
         self.collector = self._make_collector() if learn else None
+        self._lock = ckpt.RunLock(self.run_dir)
         self._restarts_before = self.counters["env_restarts"]
         self.recent: list[float] = []
         self._stop = False
@@ -195,6 +236,9 @@ class Trainer:
         text = path.read_text() if path.is_file() else ""
         if text.strip():
             return from_yaml(text, where=str(path))
+        if self.run_dir.is_file():
+            raise FileNotFoundError(f"{self.run_dir} is a file; give the run's directory "
+                                    f"(the one that holds config.yaml and checkpoints/)")
         if not ckpt.list_checkpoints(self.run_dir):
             raise FileNotFoundError(
                 f"{self.run_dir} is not a lucid run: it has no config.yaml and no checkpoints/"
@@ -228,7 +272,7 @@ class Trainer:
             return self.replay.rng.bit_generator.state
 
     def _restore(self) -> None:
-        payload, path = ckpt.load_latest(self.run_dir, self.device)
+        payload, path = ckpt.load_latest(self.run_dir, self.device, set_aside=self._learn)
         self.agent.load_state_dict(payload["agent"])
         self.counters.update(payload["counters"])
         ckpt.set_rng_state(payload["rng"])
@@ -239,6 +283,8 @@ class Trainer:
             self.replay.rng.bit_generator.state = payload["replay_rng"]
         print(f"resumed from {path} at {self.counters['env_steps']} env steps, "
               f"{self.counters['updates']} updates; replay holds {restored} steps per env")
+        if self._learn and self.rank == 0:  # rows a killed run logged after its checkpoint
+            self._purge_logs_after = self.counters["env_steps"]
 
     # ------------------------------------------------------------------ loop
 
@@ -252,6 +298,8 @@ class Trainer:
         return math.floor(since * t.train_ratio / (t.batch_size * t.batch_length * world))
 
     def _handle_signal(self, signum, frame):
+        if self._stop:  # the second Ctrl-C: stop now (still with a checkpoint)
+            raise KeyboardInterrupt
         self._stop = True
 
     def run(self, callback=None) -> Path:
@@ -266,9 +314,17 @@ class Trainer:
                   f"steps of train.prefill, so no update will be made; raise --steps or lower "
                   f"train.prefill")
         self._stop = False
-        logger = Logger(self.run_dir, progress=cfg.run.progress, total_steps=cfg.run.steps,
-                        start_steps=c["env_steps"], config=cfg) \
-            if self.rank == 0 else _QuietLogger()
+        if self.rank == 0:
+            self._lock.acquire()  # one training process per run directory
+        try:
+            logger = Logger(self.run_dir, progress=cfg.run.progress, total_steps=cfg.run.steps,
+                            start_steps=c["env_steps"], config=cfg,
+                            purge_after=self._purge_logs_after) \
+                if self.rank == 0 else _QuietLogger()
+        except BaseException:
+            self._lock.release()
+            raise
+        self._purge_logs_after = None
         old_handlers = {s: signal.signal(s, self._handle_signal)
                         for s in (signal.SIGINT, signal.SIGTERM)}
         start = time.time() - c["wall_time"]
@@ -356,12 +412,29 @@ class Trainer:
             if self.dist is not None:
                 self.dist.check_identical(self.agent)
             self.save()
+        except (EnvError, NonFiniteError):
+            raise  # saved already
+        except BaseException as exc:  # a second Ctrl-C, a raising callback, a bug: keep the run
+            self._save_after(exc)
+            raise
         finally:
             self._batches.close()
             for s, h in old_handlers.items():
                 signal.signal(s, h)
             logger.close()
+            self._lock.release()
         return self.run_dir
+
+    def _save_after(self, exc: BaseException) -> None:
+        try:
+            path = self.save()
+        except Exception as again:  # noqa: BLE001 - e.g. the disk is full: the older ones stay
+            print(f"warning: could not save a checkpoint after {type(exc).__name__} "
+                  f"({type(again).__name__}: {again}); the previous checkpoints are intact")
+            return
+        if path is not None:
+            print(f"stopped by {type(exc).__name__}: saved {path}; continue with "
+                  f"`lucid train --resume {self.run_dir}`")
 
     def close(self) -> None:
         if self.collector is not None:
@@ -470,9 +543,15 @@ class Trainer:
             warnings.warn(f"video logging failed: {type(exc).__name__}: {exc}")
 
     def _evaluate(self, logger: Logger, start: float) -> None:
+        """The periodic evaluation; an env that fails there costs the evaluation, not the run."""
         for explore in (False, True):
-            eps = self.evaluate(self.cfg.run.eval_episodes, explore,
-                                seed=self.cfg.run.seed + 10_000 + self.counters["env_steps"])
+            try:
+                eps = self.evaluate(self.cfg.run.eval_episodes, explore,
+                                    seed=self.cfg.run.seed + 10_000 + self.counters["env_steps"])
+            except (ValueError, KeyError, RuntimeError) as exc:
+                warnings.warn(f"evaluation at {self.counters['env_steps']} env steps failed "
+                              f"({type(exc).__name__}: {exc}); training goes on")
+                return
             for ep in eps:
                 logger.episode({"env_steps": self.counters["env_steps"], "return": ep.ret,
                                 "length": ep.length, "wall_time": time.time() - start,

@@ -28,3 +28,27 @@ class CountEnv(gym.Env):
 
 def truncating_env():
     return gym.wrappers.TimeLimit(CountEnv(length=100, terminate=False), max_episode_steps=4)
+
+
+class BrokenEnv(CountEnv):
+    """CountEnv with one of the mistakes custom envs make (`mistake`)."""
+
+    def __init__(self, mistake: str = "none"):
+        super().__init__(length=5)
+        self.mistake = mistake
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed)
+        if self.mistake == "reset_without_info":
+            return obs
+        return (np.zeros(3, np.float32) if self.mistake == "reset_shape" else obs), info
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        if self.mistake == "four_tuple":
+            return obs, reward, term, info
+        if self.mistake == "vector_reward":
+            reward = np.array([reward, reward])
+        if self.mistake == "terminated_none":
+            term = None
+        return obs, reward, term, trunc, info

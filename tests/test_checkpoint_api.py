@@ -70,6 +70,10 @@ def test_dreamer_load_takes_a_run_directory_and_never_writes_into_it(tmp_path, m
     import gymnasium as gym
     with pytest.raises(TypeError, match=r"an instance \(CartPoleEnv\(\)\)"):
         Dreamer(gym.make("CartPole-v1").unwrapped.__class__)
+    with pytest.raises(ValueError, match="section__key=value"):
+        Dreamer("CartPole-v1", train=4)
+    with pytest.raises(ValueError, match="whole number of env steps"):
+        agent.learn(1.5)
 
 
 def test_dreamer_api_learn_predict_save_load(tmp_path):

@@ -109,6 +109,7 @@ def test_bad_command_line_values_are_one_line_errors(tmp_path):
     cases = [
         (["eval", str(tmp_path), "--episodes", "0"], "--episodes must be >= 1"),
         (["dream", str(tmp_path), "--out", "d.avi"], "--out must end in .mp4 or .gif"),
+        (["dream", str(tmp_path), "--rows", "0"], "--horizon and --rows must be >= 1"),
         (["plot", str(tmp_path), "--out", str(tmp_path)], "is a directory"),
         (["train", "model.size"], "write model.size=VALUE"),
         (["eval", str(tmp_path / "nothing")], "not a lucid run"),

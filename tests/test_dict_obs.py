@@ -115,3 +115,24 @@ def test_box_actions_stay_inside_half_open_and_degenerate_bounds():
     model = act.from_env(np.array([[0.5, 1.0, 2.0]]))
     assert np.all(np.isfinite(model))  # low == high: 0, not 0/0
     np.testing.assert_allclose(model, [[0.5, 0.0, 0.0]])
+
+
+def test_image_like_spaces_in_another_layout_are_refused_with_the_wrapper_to_use():
+    cases = [((3, 64, 64), "channel-first image"), ((64, 64), "without a channel axis"),
+             ((64, 64, 5), "5 channels")]
+    for shape, message in cases:  # as vectors they would be 12,288-wide MLP inputs
+        try:
+            ObsSpec.from_space(gym.spaces.Box(0, 255, shape, np.uint8))
+        except TypeError as exc:
+            assert message in str(exc), str(exc)
+        else:
+            raise AssertionError(f"{shape} uint8 was taken as a vector")
+    assert ObsSpec.from_space(gym.spaces.Box(0, 255, (7, 7, 3), np.uint8)).vectors == {"vector": 147}
+    for space, message in [(gym.spaces.Dict({}), "empty Dict"),
+                           (gym.spaces.Dict({"is_first": gym.spaces.Discrete(2)}), "rename it")]:
+        try:
+            ObsSpec.from_space(space)
+        except TypeError as exc:
+            assert message in str(exc)
+        else:
+            raise AssertionError(f"{space} was accepted")

@@ -290,6 +290,86 @@ def test_an_env_without_render_mode_names_what_videos_need():
         make_env("test_reliability:FlakyEnv", render_mode="rgb_array")
 
 
+@pytest.mark.parametrize("mistake,message", [
+    ("reset_shape", "first observation does not fit its observation_space.*has 3 values, "
+                    "expected 2"),
+    ("reset_without_info", r"reset\(\) returned ndarray, not \(observation, info\)"),
+    ("four_tuple", r"step\(\) returned tuple of 4"),
+    ("vector_reward", "returned the reward array.*it must be one number"),
+    ("terminated_none", "terminated=None.*must be bools"),
+])
+def test_a_custom_envs_mistakes_are_named_before_anything_is_written(tmp_path, mistake, message):
+    cfg = _cfg(tmp_path / "run", env={"id": "envs_for_tests:BrokenEnv",
+                                      "kwargs": {"mistake": mistake}})
+    with pytest.raises((TypeError, ValueError), match=message):
+        Trainer(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_eval_and_callback_failures_keep_the_run(tmp_path, monkeypatch):
+    """An env that never ends an episode stops evaluating with a warning (no hang); a
+    failing evaluation costs the evaluation only; a raising callback leaves a checkpoint."""
+    import lucid.runner
+    monkeypatch.setattr(lucid.runner, "EVAL_MAX_STEPS", 50)
+    cfg = _cfg(tmp_path, env={"id": "envs_for_tests:CountEnv", "kwargs": {"terminate": False},
+                              "max_episode_steps": 30})
+    tr = Trainer(cfg)
+    tr.cfg.env.max_episode_steps = None  # evaluation envs without a time limit
+    with pytest.warns(UserWarning, match="episodes do not end; give it a time limit"):
+        assert tr.evaluate(2) == []
+    tr.cfg.env.id = "no_such_module:Env"  # evaluation fails; training goes on
+    tr.cfg.run.eval_every = 25
+    with pytest.warns(UserWarning, match="evaluation at .* env steps failed"):
+        tr.run()
+    assert tr.counters["env_steps"] == 60
+
+    def callback(info):
+        raise RuntimeError("a bug in the user's callback")
+    tr.cfg.run.steps, tr.cfg.run.eval_every = 200, 0
+    with pytest.raises(RuntimeError, match="user's callback"):
+        tr.run(callback)
+    tr.close()
+    payload, _ = load_latest(tmp_path)
+    assert payload["counters"]["env_steps"] == tr.counters["env_steps"] > 60
+
+
+def test_one_training_process_per_run_directory(tmp_path):
+    from lucid.checkpoint import RunLock
+    tr = Trainer(_cfg(tmp_path, run={"steps": 30}))
+    other = RunLock(tmp_path)
+    other.acquire()  # e.g. a second `lucid train --resume` of the same run
+    with pytest.raises(ConfigError, match=r"in use: another lucid process \(pid \d+\)"):
+        tr.run()
+    other.release()
+    tr.run()
+    tr.close()
+    assert tr.counters["env_steps"] == 30
+
+
+def test_resume_sets_aside_a_corrupt_checkpoint_and_drops_logs_past_the_checkpoint(tmp_path):
+    tr = Trainer(_cfg(tmp_path, run={"steps": 40, "keep_checkpoints": 1}))
+    tr.run()
+    tr.close()
+    good = list_checkpoints(tmp_path)[-1]
+    (good.parent / "ckpt-000000999.pt").write_bytes(good.read_bytes()[:100])  # cut short
+    for name in ("episodes.jsonl", "metrics.jsonl"):  # rows a killed run wrote later
+        with open(tmp_path / name, "a") as f:
+            f.write(json.dumps({"env_steps": 55, "lost": True}) + "\n" + '{"env_st')
+    with pytest.warns(UserWarning, match="set aside as ckpt-000000999.pt.corrupt"):
+        again = Trainer(make_config("default", run={"steps": 60}), tmp_path, resume=True)
+    again.run()
+    again.close()
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == [list_checkpoints(tmp_path)[-1].name, "ckpt-000000999.pt.corrupt"]
+    assert load_latest(tmp_path)[0]["counters"]["env_steps"] == 60  # the new one was kept
+    for name in ("episodes.jsonl", "metrics.jsonl"):
+        rows = [json.loads(line) for line in open(tmp_path / name)]
+        assert not any("lost" in row for row in rows), name
+        steps = [row["env_steps"] for row in rows]
+        assert steps == sorted(steps), name  # the curve never runs back
+    assert json.loads(open(tmp_path / "metrics.jsonl").readlines()[-1])["env_steps"] == 60
+
+
 # --------------------------------------------------------------------------- run directories
 
 def test_a_new_run_never_writes_into_another_runs_directory(tmp_path, monkeypatch):
@@ -297,10 +377,16 @@ def test_a_new_run_never_writes_into_another_runs_directory(tmp_path, monkeypatc
     tr.run()
     tr.close()
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    with pytest.raises(ConfigError, match=r"already holds a run \(config.yaml, checkpoints.*--resume"):
+    with pytest.raises(ConfigError, match=r"already holds a run \(checkpoints, replay, "
+                                          r"metrics.jsonl, episodes.jsonl\).*--resume"):
         Trainer(_cfg(tmp_path, run={"steps": 30}))
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     Trainer(_cfg(tmp_path / "empty", run={"steps": 30})).close()  # a new directory is fine
+    failed = tmp_path / "failed"  # a start that failed after writing its config.yaml
+    failed.mkdir()
+    (failed / "config.yaml").write_text("run: {}\n")
+    Trainer(_cfg(failed, run={"steps": 30})).close()
+    assert "steps: 30" in (failed / "config.yaml").read_text()
     # default directories: two runs started in the same second get two directories
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("time.strftime", lambda fmt: "20261201-000000")

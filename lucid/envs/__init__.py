@@ -160,13 +160,20 @@ def _import_attr(spec: str):
 def _user_env(spec: str, **kwargs) -> gym.Env:
     try:
         obj = _import_attr(spec)
-    except (ImportError, AttributeError) as exc:
+    except (ImportError, AttributeError, ValueError) as exc:
         if isinstance(exc, MissingExtraError):
             raise
+        if spec.startswith("lucid.api:_env_instance_"):
+            raise UnknownEnvError(
+                "this run was trained from Python on an env instance (Dreamer(MyEnv())), which "
+                "no other process can rebuild; load it with Dreamer.load(path, env=MyEnv())") from None
         suites = ", ".join(f"{p}:" for p in SUITES)
         raise UnknownEnvError(f"cannot load environment {spec!r}: {exc}; use "
                               f"`module.path:EnvClass` or `module.path:make_fn`, or a suite "
                               f"prefix ({suites})") from None
+    if not callable(obj):
+        raise UnknownEnvError(f"{spec!r} is a {type(obj).__name__}, not an env class or a "
+                              f"function that returns an env")
     try:
         env = obj(**kwargs)
     except TypeError as exc:

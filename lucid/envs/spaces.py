@@ -21,6 +21,26 @@ def _is_image(space: gym.spaces.Box) -> bool:
     return len(space.shape) == 3 and space.shape[-1] <= 4 and min(space.shape[:2]) >= 16
 
 
+RESERVED_KEYS = ("is_first", "is_last", "is_terminal", "reward", "action")
+
+
+def _looks_like_a_misshaped_image(space: gym.spaces.Box) -> str | None:
+    """Why a uint8 Box that is not H x W x C (C <= 4) looks like an image, or None."""
+    s = space.shape
+    if space.dtype != np.uint8:
+        return None
+    if len(s) == 2 and min(s) >= 16:
+        return (f"a grayscale image {s} without a channel axis: add one (H x W x 1), e.g. "
+                f"with gymnasium.wrappers.ReshapeObservation(env, {(*s, 1)})")
+    if len(s) == 3 and s[0] <= 4 and min(s[1:]) >= 16:
+        return (f"a channel-first image {s}: lucid takes H x W x C, so transpose it, e.g. "
+                f"with gymnasium.wrappers.TransformObservation and np.moveaxis(obs, 0, -1)")
+    if len(s) == 3 and s[2] > 4 and min(s[:2]) >= 16:
+        return (f"an image {s} with {s[2]} channels: lucid's image encoder takes at most 4; "
+                f"split it into Dict keys of at most 4 channels each")
+    return None
+
+
 def _image_scale(space: gym.spaces.Box, where: str) -> float:
     """The factor that brings an image space's values to 0..255: 1 for integer pixels and
     floats in [0, 255], 255 for floats in [0, 1]; other float images are refused."""
@@ -50,9 +70,17 @@ class ObsSpec:
     def from_space(cls, space: gym.Space) -> "ObsSpec":
         spec = cls()
         items = space.spaces.items() if isinstance(space, gym.spaces.Dict) else [(None, space)]
+        if not items:
+            raise TypeError("the observation space is an empty Dict: lucid needs at least one "
+                            "observation to learn from")
         for key, sub in items:
             where = f" at key {key!r}" if key else ""
+            if key in RESERVED_KEYS:
+                raise TypeError(f"the observation key {key!r} is one lucid uses for its own "
+                                f"step fields ({', '.join(RESERVED_KEYS)}); rename it")
             if isinstance(sub, gym.spaces.Box):
+                if not _is_image(sub) and (why := _looks_like_a_misshaped_image(sub)):
+                    raise TypeError(f"the observation{where} looks like {why}")
                 if _is_image(sub):
                     spec.images[key or "image"] = tuple(int(s) for s in sub.shape)
                     spec.image_scale[key or "image"] = _image_scale(sub, where)
