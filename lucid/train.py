@@ -132,12 +132,18 @@ def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
             raise TypeError(f"{cfg.env.id} has no observation_space or action_space (a "
                             f"gymnasium.spaces.Space each); set both in its __init__")
         obs_spec, act_spec = ObsSpec.from_space(spaces[0]), ActionSpec.from_space(spaces[1])
-        out = env.reset(seed=cfg.run.seed)
+        try:
+            out = env.reset(seed=cfg.run.seed)
+        except Exception:  # noqa: BLE001 - a crashing env: the run restarts it (env.max_restarts)
+            return obs_spec, act_spec
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
             raise TypeError(f"{cfg.env.id}'s reset() returned {type(out).__name__}, not "
                             f"(observation, info): gymnasium envs return both")
         _fits(cfg.env.id, obs_spec, spaces[0], out[0], "first observation")
-        out = env.step(spaces[1].sample())
+        try:
+            out = env.step(spaces[1].sample())
+        except Exception:  # noqa: BLE001 - as above
+            return obs_spec, act_spec
         if not (isinstance(out, tuple) and len(out) == 5):
             raise TypeError(f"{cfg.env.id}'s step() returned {type(out).__name__} of "
                             f"{len(out) if isinstance(out, tuple) else 1}, not (observation, "
