@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import copy
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -95,11 +96,11 @@ class Dreamer:
         """Train for `total_env_steps` more env steps. `callback(info)` is called after every
         finished training episode with a dict of the counters, `return` and `length`;
         returning False stops learning (with a checkpoint)."""
-        if not isinstance(total_env_steps, int) or isinstance(total_env_steps, bool) \
+        if not isinstance(total_env_steps, numbers.Integral) or isinstance(total_env_steps, bool) \
                 or total_env_steps < 0:
             raise ValueError(f"learn() takes a whole number of env steps >= 0, got "
                              f"{total_env_steps!r}")
-        self.trainer.cfg.run.steps = self.trainer.counters["env_steps"] + total_env_steps
+        self.trainer.cfg.run.steps = self.trainer.counters["env_steps"] + int(total_env_steps)
         self.trainer.run(callback=callback)
         return self
 
