@@ -67,12 +67,12 @@ class Dreamer:
                 raise TypeError(f"cannot copy the env instance ({type(exc).__name__}: {exc}); "
                                 f"pass it by name instead ('module.path:EnvClass' with its "
                                 f"kwargs as env__kwargs)") from None
-        elif not isinstance(env, str):
-            raise TypeError(f"env must be a gymnasium.Env or an env name, got "
-                            f"{type(env).__name__}")
             overrides.setdefault("env", {})
             if isinstance(overrides["env"], dict):
                 overrides["env"].setdefault("num_envs", 1)
+        elif not isinstance(env, str):
+            raise TypeError(f"env must be a gymnasium.Env or an env name, got "
+                            f"{type(env).__name__}")
         preset = preset or default_preset(env)
         sections: dict = {"env": {"id": env}}
         for key, val in overrides.items():
