@@ -3,6 +3,7 @@ lucid.train and the visualising modules (video, plot, report)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import List, NoReturn, Optional
 
 import typer
 
-from .config import PRESETS, SIZES, ConfigError, logger_backends, make_config, to_yaml
+from .config import PRESETS, SIZES, Config, ConfigError, logger_backends, make_config, to_yaml
 from .envs import default_preset
 
 app = typer.Typer(add_completion=False, no_args_is_help=False,
@@ -75,8 +76,9 @@ def train(
     if "=" in env:  # no ENV given, the first override landed in its place
         overrides.insert(0, env)
         env = DEFAULT_ENV
-    section = env.split(".")[0]
-    if section in ("env", "model", "train", "run") and ":" not in env and "/" not in env:
+    sections = {f.name for f in dataclasses.fields(Config)
+                if dataclasses.is_dataclass(f.default_factory)}
+    if env.split(".")[0] in sections and ":" not in env and "/" not in env:
         _fail(f"{env!r} looks like a config key without a value: write {env}=VALUE "
               f"(`lucid config` lists the keys)")
     for key, val in (("runners", runners), ("num_runners", num_runners),

@@ -52,27 +52,15 @@ def import_wandb():
     return wandb
 
 
-def drop_rows_after(path: Path, env_steps: int) -> int:
+def drop_rows_after(path: Path, env_steps: int) -> None:
     """Rewrite a JSONL log without its rows past `env_steps` (and any torn last line),
-    atomically; returns how many rows were dropped."""
-    if not path.exists():
-        return 0
-    keep, dropped = [], 0
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a kill
-            dropped += 1
-            continue
-        if isinstance(row, dict) and row.get("env_steps", 0) > env_steps:
-            dropped += 1
-        else:
-            keep.append(line)
-    if dropped:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, path)
-    return dropped
+    atomically."""
+    from .checkpoint import atomic_write_text
+    from .plot import read_jsonl  # skips a line cut short by a kill
+    if path.exists():
+        keep = [r for r in read_jsonl(path)
+                if not (isinstance(r, dict) and r.get("env_steps", 0) > env_steps)]
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 def _number(v: Any) -> bool:

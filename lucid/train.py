@@ -95,6 +95,11 @@ def default_run_dir(cfg: Config) -> Path:
 RUN_FILES = ("checkpoints", "replay", "metrics.jsonl", "episodes.jsonl")  # a run's data
 
 
+def _has_data(path: Path) -> bool:
+    """A non-empty file or a directory with something in it."""
+    return path.stat().st_size > 0 if path.is_file() else path.is_dir() and any(path.iterdir())
+
+
 def claim_run_dir(given: Path | None, cfg: Config) -> Path:
     """The directory of a new run: `given` if it holds no run's data yet (never another run's
     files overwritten; a config.yaml alone, left by a start that failed, is replaced), else a
@@ -102,8 +107,7 @@ def claim_run_dir(given: Path | None, cfg: Config) -> Path:
     if given is not None:
         if given.exists() and not given.is_dir():
             raise ConfigError(f"the run directory {given} is a file; give a directory")
-        held = [n for n in RUN_FILES if (given / n).is_file() and (given / n).stat().st_size
-                or (given / n).is_dir() and any((given / n).iterdir())]
+        held = [n for n in RUN_FILES if _has_data(given / n)]
         if held:
             raise ConfigError(
                 f"{given} already holds a run ({', '.join(held)}); continue it with "
