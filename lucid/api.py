@@ -3,7 +3,7 @@
     from lucid import Dreamer
     agent = Dreamer("CartPole-v1")                # or Dreamer(MyEnv()), Dreamer("atari:Pong")
     agent.learn(20_000, callback=lambda info: info["return"] < 475)  # False stops learning
-    action, state = agent.predict(obs)            # one env (no batch axis) or a batch
+    action, state = agent.predict(obs, state)     # one env (no batch axis) or a batch
     agent.save("cartpole.pt"); agent = Dreamer.load("cartpole.pt")
 """
 
@@ -22,6 +22,7 @@ from .checkpoint import atomic_torch_save, load_checkpoint, load_latest, FORMAT_
 from .config import ConfigError, from_yaml, make_config, to_yaml
 from .envs import default_preset
 from .train import Trainer, resumed_device
+from .world_model import State
 
 
 _INSTANCES: dict[str, Any] = {}
@@ -104,8 +105,11 @@ class Dreamer:
         self.trainer.run(callback=callback)
         return self
 
-    def predict(self, obs, state=None, deterministic: bool = False):
-        """Action(s) for one observation (no batch axis) or a batch; returns (action, state)."""
+    def predict(self, obs, state=None, deterministic: bool = False, episode_start=None):
+        """Action(s) for one observation (no batch axis) or a batch of N; returns
+        (action, state). Pass the returned state back with the next observation. With
+        state=None every row starts a new episode; `episode_start` (a bool, or N bools)
+        marks the rows whose episode starts at this observation, as after a reset."""
         spec = self.trainer.obs_spec
         first = next(iter(obs.values())) if isinstance(obs, dict) else obs
         key = next(iter(spec.images or spec.vectors))
@@ -116,8 +120,23 @@ class Dreamer:
             obs = ({k: np.asarray(v)[None] for k, v in obs.items()} if isinstance(obs, dict)
                    else np.asarray(obs)[None])
         n = len(next(iter(obs.values())) if isinstance(obs, dict) else obs)
+        if state is not None:
+            if not isinstance(state, State):
+                raise TypeError(f"predict(state=...) takes the state a previous predict "
+                                f"returned (or None), got {type(state).__name__}")
+            if state.h.shape[0] != n:
+                raise ValueError(f"predict got a state for {state.h.shape[0]} env(s) and "
+                                 f"{n} observation(s); keep one state per batch size, or pass "
+                                 f"state=None to start new episodes")
         arrays = spec.convert(obs, (n,))
         tensors = {k: torch.as_tensor(v, device=self.agent.device) for k, v in arrays.items()}
+        if episode_start is not None:
+            starts = np.asarray(episode_start)
+            if starts.dtype != bool or starts.shape not in ((), (n,)):
+                raise ValueError(f"predict(episode_start=...) takes a bool or {n} bools, got "
+                                 f"{episode_start!r}")
+            tensors["is_first"] = torch.as_tensor(np.broadcast_to(starts, (n,)).copy(),
+                                                 device=self.agent.device)
         action, state = self.agent.policy(tensors, state, explore=not deterministic)
         env_action = self.trainer.act_spec.to_env(action.cpu().numpy())
         return (env_action if batched else env_action[0]), state

@@ -89,6 +89,22 @@ def test_dreamer_api_learn_predict_save_load(tmp_path):
     assert int(action) in (0, 1)
     actions, _ = agent.predict(np.stack([obs, obs, obs]), deterministic=True)
     assert actions.shape == (3,)
+    # episode_start resets the marked rows only: row 0 as from state=None, row 1 carries on
+    pair = np.stack([obs, -obs])
+    _, s1 = agent.predict(pair, deterministic=True)
+    _, s2 = agent.predict(pair, s1, deterministic=True, episode_start=np.array([True, False]))
+    _, fresh = agent.predict(pair, deterministic=True)
+    _, carried = agent.predict(pair, s1, deterministic=True)
+    assert torch.equal(s2.h[0], fresh.h[0]) and torch.equal(s2.h[1], carried.h[1])
+    assert not torch.allclose(fresh.h[1], carried.h[1])  # the reset makes a difference
+    _, all_new = agent.predict(pair, s1, deterministic=True, episode_start=True)
+    assert torch.equal(all_new.h, fresh.h)
+    with pytest.raises(ValueError, match="state for 2 env.*3 observation"):
+        agent.predict(np.stack([obs, obs, obs]), s1)
+    with pytest.raises(TypeError, match="state a previous predict returned"):
+        agent.predict(obs, state=(s1.h, s1.z))
+    with pytest.raises(ValueError, match="a bool or 2 bools"):
+        agent.predict(pair, s1, episode_start=[1, 0, 1])
     agent.save(tmp_path / "a.pt")
     again = Dreamer.load(tmp_path / "a.pt", run_dir=tmp_path / "run2")
     a2, _ = again.predict(obs, deterministic=True)
