@@ -370,6 +370,11 @@ def validate(cfg: Config) -> None:
          "model.num_bins must be >= 2 and model.bins_low < model.bins_high"),
         (0 < cfg.model.actor_min_std <= cfg.model.actor_max_std,
          "model.actor_min_std must be in (0, model.actor_max_std]"),
+        ("render_mode" not in cfg.env.kwargs,
+         "env.kwargs.render_mode is lucid's to set (rgb_array in the env that records videos, "
+         "none in training envs); remove it"),
+        ("max_episode_steps" not in cfg.env.kwargs,
+         "use env.max_episode_steps instead of env.kwargs.max_episode_steps"),
     ]
     for ok, msg in checks:
         if not ok:

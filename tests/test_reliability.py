@@ -426,6 +426,8 @@ def test_a_damaged_config_yaml_is_named_or_recovered_from_the_checkpoint(tmp_pat
     ("run.eval_every=-1", "run.eval_every"), ("run.time_limit=-1", "run.time_limit"),
     ("run.threads=-2", "run.threads"), ("env.max_episode_steps=0", "env.max_episode_steps"),
     ("model.dense_units=-1", "model sizes"), ("model.bins_low=30", "model.bins_low"),
+    ("env.kwargs.render_mode=human", "env.kwargs.render_mode"),
+    ("env.kwargs.max_episode_steps=9", "env.max_episode_steps instead"),
 ])
 def test_impossible_values_are_refused_before_anything_runs(override, key):
     with pytest.raises(ConfigError, match=key):
