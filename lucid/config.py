@@ -381,6 +381,21 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"invalid config: {msg}")
 
 
+def as_dict(cfg: Config) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg))
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}: config keys as the command line writes them."""
+    out = {}
+    for key, val in tree.items():
+        if isinstance(val, dict):
+            out.update(flatten(val, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = val
+    return out
+
+
 def to_yaml(cfg: Config) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 

@@ -18,6 +18,8 @@ from typing import Sequence
 import numpy as np
 import yaml
 
+from .config import flatten
+
 IGNORED_KEYS = ("run.seed", "run.run_dir")
 X_KEYS = ("env_steps", "wall_time")
 
@@ -69,16 +71,6 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def load_run(run_dir: str | Path) -> Run:
     path = Path(run_dir)
     if not (path / "episodes.jsonl").exists():
@@ -88,7 +80,7 @@ def load_run(run_dir: str | Path) -> Run:
     rows = read_jsonl(path / "episodes.jsonl")
     train = [r for r in rows if not r.get("eval")]
     evals = [r for r in rows if r.get("eval")]
-    return Run(path, _flatten(config or {}),
+    return Run(path, flatten(config or {}),
                train_env_steps=np.array([r["env_steps"] for r in train], float),
                train_wall=np.array([r.get("wall_time", np.nan) for r in train], float),
                train_ret=np.array([r["return"] for r in train], float),

@@ -24,7 +24,7 @@ import torch
 
 from . import checkpoint as ckpt
 from .agent import Agent
-from .config import Config, ConfigError, from_yaml, to_yaml
+from .config import Config, ConfigError, as_dict, flatten, from_yaml, to_yaml
 from .envs import ActionSpec, ObsSpec, env_fn, make_env
 from .envs.crafter import AchievementTracker
 from .logger import Logger
@@ -64,6 +64,27 @@ def resolve_device(name: str) -> torch.device:
             raise ValueError(f"run.device={name} but torch sees {torch.cuda.device_count()} "
                              f"CUDA device(s): cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     return device
+
+
+# What a checkpoint fixes: the agent's shapes (model), and the replay's env streams and
+# spaces (env, runners). A hand edit of these in config.yaml cannot be resumed.
+_FIXED_ON_RESUME = ("model", "env.id", "env.kwargs", "env.num_envs", "run.runners",
+                    "run.num_runners", "run.envs_per_runner")
+
+
+def check_resumable(saved: Config, cfg: Config, where: Path) -> None:
+    """Refuse a resume whose config.yaml changed what the checkpoint and replay were built
+    for, naming every changed key, before anything is loaded."""
+    old, new = flatten(as_dict(saved)), flatten(as_dict(cfg))
+    changed = [f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} in config.yaml"
+               for k in sorted(set(old) | set(new))
+               if k.startswith(_FIXED_ON_RESUME) and old.get(k) != new.get(k)]
+    if cfg.run.runners != "ray":  # runner counts of a local run do not shape anything
+        changed = [c for c in changed if not c.startswith(("run.num_runners", "run.envs_per"))]
+    if changed:
+        raise ConfigError(f"{where} changed what this run's checkpoint and replay were made "
+                          f"for: {'; '.join(changed)}. Put those values back to resume, or "
+                          f"start a new run with the new settings")
 
 
 def resumed_device(saved: str, given: str) -> str:
@@ -188,12 +209,19 @@ class Trainer:
         self.rank = self.dist.rank if self.dist else 0
         self._learn = learn
         self._purge_logs_after: int | None = None  # a resumed run's logs past its checkpoint
+        self._loaded: tuple[dict, Path] | None = None  # the checkpoint a resume reads
         given = run_dir or cfg.run.run_dir
         if resume:
             self.run_dir = Path(given)
             if self.dist is not None:
                 self.run_dir = Path(self.dist.broadcast_object(str(self.run_dir)))
             saved = self._saved_config()
+            # The checkpoint is read now, so that a config.yaml it does not fit is refused
+            # before anything is written (it is the config-recovery path's, when that ran).
+            self._loaded = self._loaded or ckpt.load_latest(self.run_dir, set_aside=learn)
+            payload, found = self._loaded
+            check_resumable(from_yaml(payload["config"], where=f"the config stored in {found}"),
+                            saved, self.run_dir / "config.yaml")
             saved.run.steps = max(saved.run.steps, cfg.run.steps) if cfg.run.steps else saved.run.steps
             saved.run.device = resumed_device(saved.run.device, cfg.run.device)
             cfg = saved
@@ -253,7 +281,8 @@ class Trainer:
             raise FileNotFoundError(
                 f"{self.run_dir} is not a lucid run: it has no config.yaml and no checkpoints/"
                 + ("" if self.run_dir.is_dir() else " (the directory does not exist)"))
-        payload, found = ckpt.load_latest(self.run_dir)
+        self._loaded = ckpt.load_latest(self.run_dir, set_aside=self._learn)
+        payload, found = self._loaded
         print(f"note: {path} is {'empty' if path.is_file() else 'missing'}; using the config "
               f"stored in {found}")
         return from_yaml(payload["config"], where=f"the config stored in {found}")
@@ -282,7 +311,8 @@ class Trainer:
             return self.replay.rng.bit_generator.state
 
     def _restore(self) -> None:
-        payload, path = ckpt.load_latest(self.run_dir, self.device, set_aside=self._learn)
+        payload, path = self._loaded  # read in __init__ (on the CPU)
+        self._loaded = None
         self.agent.load_state_dict(payload["agent"])
         self.counters.update(payload["counters"])
         ckpt.set_rng_state(payload["rng"])

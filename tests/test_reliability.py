@@ -412,6 +412,20 @@ def test_a_damaged_config_yaml_is_named_or_recovered_from_the_checkpoint(tmp_pat
     assert again.cfg.train.batch_size == 2 and again.counters["env_steps"] == 30
     again.close()
     assert path.read_text() == good.replace("steps: 30", "steps: 40")  # written back whole
+    # edits of what the checkpoint and replay were made for are named, all of them, and
+    # refused before anything is written; edits of other keys are taken
+    edited = good.replace("num_envs: 1", "num_envs: 2").replace("size: nano", "size: XS")
+    assert edited.count("num_envs: 2") == 1 and "size: XS" in edited
+    path.write_text(edited)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match=r"env.num_envs: 1 in the checkpoint, 2 in config.yaml"
+                                          r".*model.size: 'nano' in the checkpoint, 'XS'"):
+        Trainer(make_config("default", run={"steps": 40}), tmp_path, resume=True)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    path.write_text(good.replace("train_ratio: 16", "train_ratio: 32"))
+    again = Trainer(make_config("default", run={"steps": 40}), tmp_path, resume=True)
+    assert again.cfg.train.train_ratio == 32
+    again.close()
     with pytest.raises(FileNotFoundError, match="not a lucid run"):
         Trainer(make_config("default"), tmp_path / "nothing", resume=True)
 
