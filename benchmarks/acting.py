@@ -89,12 +89,12 @@ def policy_latency(agent: Agent, obs_spec: ObsSpec, n: int, iters: int, warmup: 
         obs[k] = torch.randint(0, 256, (n, *shape), dtype=torch.uint8)
     for k, size in obs_spec.vectors.items():
         obs[k] = torch.randn(n, size)
-    obs["is_first"] = torch.zeros(n, dtype=torch.bool)
+    is_first = torch.zeros(n, dtype=torch.bool)
     state = None
     times = []
     for i in range(warmup + iters):
         t0 = time.perf_counter()
-        action, state = agent.policy(obs, state)
+        action, state = agent.policy(obs, state, is_first=is_first)
         action.numpy()  # as the Collector does: the action leaves torch every step
         if i >= warmup:
             times.append(time.perf_counter() - t0)

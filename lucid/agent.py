@@ -142,19 +142,18 @@ class Agent:
 
     @torch.no_grad()
     def policy(self, obs: dict[str, torch.Tensor], state: State | None = None,
-               explore: bool = True) -> tuple[torch.Tensor, State]:
-        """One step for a batch of N environments. `obs` holds the observation keys (N, ...)
-        and optionally `is_first` (N,); rows with is_first start from the initial state.
+               explore: bool = True, is_first: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, State]:
+        """One step for a batch of N environments. `obs` holds the observation keys (N, ...);
+        rows with `is_first` (N,) start from the initial state, as all do with state=None.
         Returns model-space actions (N, A) and the next state."""
-        obs_keys = {k: v for k, v in obs.items() if k != "is_first"}
-        n = next(iter(obs_keys.values())).shape[0]
-        is_first = obs.get("is_first")
+        n = next(iter(obs.values())).shape[0]
         if state is None:
             state = self.wm.initial(n)
             is_first = torch.ones(n, dtype=torch.bool, device=self.device)
         elif is_first is None:
             is_first = torch.zeros(n, dtype=torch.bool, device=self.device)
-        embed = self.wm.encoder(obs_keys)
+        embed = self.wm.encoder(obs)
         state, _, _ = self.wm.obs_step(state, embed, is_first.to(self.device))
         action = self.actor(self.wm.feat(state.h, state.z), explore=explore)
         return action, State(state.h, state.z, action)

@@ -130,14 +130,15 @@ class Dreamer:
                                  f"state=None to start new episodes")
         arrays = spec.convert(obs, (n,))
         tensors = {k: torch.as_tensor(v, device=self.agent.device) for k, v in arrays.items()}
+        starts = None
         if episode_start is not None:
             starts = np.asarray(episode_start)
             if starts.dtype != bool or starts.shape not in ((), (n,)):
                 raise ValueError(f"predict(episode_start=...) takes a bool or {n} bools, got "
                                  f"{episode_start!r}")
-            tensors["is_first"] = torch.as_tensor(np.broadcast_to(starts, (n,)).copy(),
-                                                 device=self.agent.device)
-        action, state = self.agent.policy(tensors, state, explore=not deterministic)
+            starts = torch.as_tensor(np.broadcast_to(starts, (n,)).copy(),
+                                     device=self.agent.device)
+        action, state = self.agent.policy(tensors, state, not deterministic, starts)
         env_action = self.trainer.act_spec.to_env(action.cpu().numpy())
         return (env_action if batched else env_action[0]), state
 

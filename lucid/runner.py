@@ -110,8 +110,8 @@ class Collector:
             model_action = self.act_spec.from_env(env_action)
         else:
             obs = {k: torch.as_tensor(v, device=agent.device) for k, v in self.obs.items()}
-            obs["is_first"] = torch.as_tensor(self.is_first, device=agent.device)
-            action, self.state = agent.policy(obs, self.state, explore=explore)
+            action, self.state = agent.policy(
+                obs, self.state, explore, torch.as_tensor(self.is_first, device=agent.device))
             model_action = action.cpu().numpy()
             env_action = self.act_spec.to_env(model_action)
         record = {f"obs/{k}": v for k, v in self.obs.items()}

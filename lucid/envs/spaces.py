@@ -21,9 +21,6 @@ def _is_image(space: gym.spaces.Box) -> bool:
     return len(space.shape) == 3 and space.shape[-1] <= 4 and min(space.shape[:2]) >= 16
 
 
-RESERVED_KEYS = ("is_first", "is_last", "is_terminal", "reward", "action")
-
-
 def _looks_like_a_misshaped_image(space: gym.spaces.Box) -> str | None:
     """Why a uint8 Box that is not H x W x C (C <= 4) looks like an image, or None."""
     s = space.shape
@@ -75,9 +72,6 @@ class ObsSpec:
                             "observation to learn from")
         for key, sub in items:
             where = f" at key {key!r}" if key else ""
-            if key in RESERVED_KEYS:
-                raise TypeError(f"the observation key {key!r} is one lucid uses for its own "
-                                f"step fields ({', '.join(RESERVED_KEYS)}); rename it")
             if isinstance(sub, gym.spaces.Box):
                 if not _is_image(sub) and (why := _looks_like_a_misshaped_image(sub)):
                     raise TypeError(f"the observation{where} looks like {why}")
