@@ -169,6 +169,11 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_ste
     plt = pyplot()
 
     runs = [load_run(d) for d in run_dirs]
+    if not any(len(r.train_ret) or r.eval_rows for r in runs):
+        names = ", ".join(str(r.path) for r in runs)
+        raise ValueError(f"no finished episodes to plot in {names} yet (episodes.jsonl lists "
+                         f"episodes as they end); train longer, or give env.max_episode_steps "
+                         f"to an env whose episodes are very long")
     groups = group_runs(runs)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (label, members) in enumerate(groups.items()):

@@ -265,6 +265,14 @@ def test_plot_groups_seeds_of_one_config(runs, tmp_path):
     assert plot_runs(runs, tmp_path / "wall.png", x="wall_time", band="std").exists()
     with pytest.raises(ValueError, match="x must be"):
         plot_runs(runs, tmp_path / "bad.png", x="updates")
+    young = tmp_path / "young"  # a run before its first finished episode: no empty picture
+    young.mkdir()
+    shutil.copy(runs[0] / "config.yaml", young)
+    (young / "episodes.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no finished episodes to plot in .*young"):
+        plot_runs([young], tmp_path / "empty.png")
+    assert not (tmp_path / "empty.png").exists()
+    assert plot_runs([young, runs[0]], tmp_path / "one.png").exists()  # one with data will do
 
 
 class _Page(HTMLParser):
