@@ -7,12 +7,14 @@ so that a file can never run code; the replay is persisted beside it as append-o
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import random
 import signal
 import warnings
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 import numpy as np
 import torch
@@ -20,29 +22,42 @@ import torch
 FORMAT_VERSION = 1
 
 
-def atomic_torch_save(obj, path: Path) -> None:
-    """Write to a temporary file, flush, fsync, then rename: readers see the old file or the
-    complete new one, never a partial one."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """`write(f)` into a temporary file, flush, fsync, then rename: readers see the old file
+    or the complete new one, never a partial one. A write that fails (a full disk) removes
+    the temporary file, so that it holds no space, and re-raises."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        if os.environ.get("LUCID_TEST_KILL_IN_CHECKPOINT"):  # fault injection for tests
-            f.truncate(f.tell() // 2)
-            os.kill(os.getpid(), signal.SIGKILL)
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # torch.save and np.savez
+            exc.filename = str(path)  # leave it out; the message names the file
+        raise
     _fsync_dir(path.parent)
 
 
+def atomic_torch_save(obj, path: Path) -> None:
+    def write(f):
+        torch.save(obj, f)
+        if os.environ.get("LUCID_TEST_KILL_IN_CHECKPOINT"):  # fault injection for tests
+            f.flush()
+            f.truncate(f.tell() // 2)
+            os.kill(os.getpid(), signal.SIGKILL)
+    atomic_write(path, write)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """`path.write_text(text)`, but a crash or a full disk leaves the old file, not half."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether `exc` is a write refused for lack of space (or of quota)."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 class RunLock:
@@ -181,7 +196,8 @@ def load_latest(run_dir: Path, map_location="cpu", set_aside: bool = False
         raise FileNotFoundError(
             f"no checkpoints in {Path(run_dir) / 'checkpoints'}: the run stopped before its "
             f"first one (they are written every run.checkpoint_minutes, run.checkpoint_every "
-            f"env steps and at the end), so there is nothing to resume; start a new run")
+            f"env steps and at the end), so there is nothing to resume; start a new run in "
+            f"another directory")
     errors = []
     for path in reversed(ckpts):
         try:

@@ -71,7 +71,7 @@ def train(
 ):
     """Train an agent. Extra arguments are config overrides: section.key=value.
     Data-parallel learners: `torchrun --nproc-per-node G -m lucid train ...`."""
-    from .train import EnvError, NonFiniteError, Trainer
+    from .train import DiskFullError, EnvError, NonFiniteError, Trainer
     overrides = list(ctx.args)
     if "=" in env:  # no ENV given, the first override landed in its place
         overrides.insert(0, env)
@@ -109,7 +109,7 @@ def train(
     try:
         try:
             trainer.run()
-        except (EnvError, NonFiniteError) as exc:  # both leave a checkpoint to resume from
+        except (EnvError, NonFiniteError, DiskFullError) as exc:  # each leaves a checkpoint
             _fail(exc)
         # not after Ctrl-C; data-parallel: rank 0 only
         if trainer.cfg.run.videos and not trainer._stop and trainer.rank == 0:
@@ -253,7 +253,15 @@ def report_cmd(run_dir: str, out: Optional[str] = typer.Option(
 
 
 def main():
-    app()
+    try:
+        app()
+    except OSError as exc:  # a full disk anywhere else (eval videos, a report): one line too
+        from .checkpoint import disk_full
+        if not disk_full(exc):
+            raise
+        typer.secho(f"error: no space left on the disk ({exc.filename or 'writing a file'}); "
+                    f"free some space and run the command again", fg="red", err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ replay's lock, so a sample never sees a half-written step.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -30,17 +29,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .checkpoint import atomic_write
+
 FLAGS = ("is_first", "is_last", "is_terminal")
 _CHUNK = re.compile(r"chunk-(\d+)-(\d+)\.npz$")
-
-
-def _atomic_savez(path: Path, arrays: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
 
 
 class _Locked:
@@ -183,7 +175,8 @@ class Replay(_Locked):
         first = max(self.persisted, self.count - self.per_env)  # older ones were evicted
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"chunk-{first:012d}-{self.count:012d}.npz"
-        _atomic_savez(path, self._ordered(first, self.count))
+        arrays = self._ordered(first, self.count)
+        atomic_write(path, lambda f: np.savez(f, **arrays))
         self.persisted = self.count
         for old, (_, end) in self._chunks():
             if end <= self.count - self.per_env:  # every step in it was evicted

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .checkpoint import atomic_write_text
 from .plot import plot_runs, read_jsonl
 
 VIDEO_TYPES = {".mp4": "video/mp4", ".webm": "video/webm"}
@@ -138,9 +139,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
             f"<style>{CSS}</style>\n</head>\n<body>\n" + "\n".join(parts)
             + "\n</body>\n</html>\n")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
+    atomic_write_text(out, page)
     return out
 
 

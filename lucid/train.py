@@ -46,6 +46,10 @@ class NonFiniteError(RuntimeError):
     """Training produced non-finite losses or gradients too many times in a row."""
 
 
+class DiskFullError(OSError):
+    """The disk under the run directory is full: the run stopped at its last checkpoint."""
+
+
 def resolve_device(name: str) -> torch.device:
     """`run.device`: auto (CUDA if torch sees a GPU, else CPU), cpu, cuda or cuda:N. A device
     that torch cannot name or this machine lacks is a ValueError (a one-line CLI error)."""
@@ -129,6 +133,11 @@ def claim_run_dir(given: Path | None, cfg: Config) -> Path:
         if given.exists() and not given.is_dir():
             raise ConfigError(f"the run directory {given} is a file; give a directory")
         held = [n for n in RUN_FILES if _has_data(given / n)]
+        if held and not ckpt.list_checkpoints(given):  # --resume would find nothing to load
+            raise ConfigError(
+                f"{given} holds the files ({', '.join(held)}) of a run that stopped before its "
+                f"first checkpoint, so it cannot be resumed; give another run directory, or "
+                f"delete {given} to use its name again. Nothing was written")
         if held:
             raise ConfigError(
                 f"{given} already holds a run ({', '.join(held)}); continue it with "
@@ -454,6 +463,11 @@ class Trainer:
             self.save()
         except (EnvError, NonFiniteError):
             raise  # saved already
+        except OSError as exc:
+            if not ckpt.disk_full(exc):
+                self._save_after(exc)
+                raise
+            raise self._disk_full(exc) from None  # another checkpoint would not fit either
         except BaseException as exc:  # a second Ctrl-C, a raising callback, a bug: keep the run
             self._save_after(exc)
             raise
@@ -475,6 +489,20 @@ class Trainer:
         if path is not None:
             print(f"stopped by {type(exc).__name__}: saved {path}; continue with "
                   f"`lucid train --resume {self.run_dir}`")
+
+    def _disk_full(self, exc: OSError) -> DiskFullError:
+        saved = ckpt.list_checkpoints(self.run_dir)
+        then = (f"its newest checkpoint, {saved[-1].name}, and the replay on disk are intact. "
+                f"Free some space (old runs, videos/, a lower run.keep_checkpoints or "
+                f"train.replay_capacity) and continue with `lucid train --resume {self.run_dir}`"
+                if saved else "it had no checkpoint yet; free some space and start it again "
+                f"in a new run directory")
+        err = DiskFullError(
+            f"the disk under {self.run_dir} is full ({exc.strerror} writing "
+            f"{exc.filename or 'a file'}, at {self.counters['env_steps']} env steps); the run "
+            f"stopped and {then}")
+        err.errno = exc.errno
+        return err
 
     def close(self) -> None:
         if self.collector is not None:

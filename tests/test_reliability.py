@@ -18,7 +18,7 @@ import torch
 from lucid.checkpoint import list_checkpoints, load_latest
 from lucid.config import ConfigError, make_config
 from lucid.replay import Replay, to_batch
-from lucid.train import EnvError, NonFiniteError, Trainer
+from lucid.train import DiskFullError, EnvError, NonFiniteError, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = {"obs/vector": ((2,), np.float32), "action": ((1,), np.float32),
@@ -382,6 +382,12 @@ def test_a_new_run_never_writes_into_another_runs_directory(tmp_path, monkeypatc
         Trainer(_cfg(tmp_path, run={"steps": 30}))
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     Trainer(_cfg(tmp_path / "empty", run={"steps": 30})).close()  # a new directory is fine
+    young = tmp_path / "young"  # killed before its first checkpoint: logs, no checkpoint
+    young.mkdir()
+    (young / "metrics.jsonl").write_text('{"env_steps": 10}\n')
+    with pytest.raises(ConfigError, match=r"young holds the files \(metrics.jsonl\) of a run "
+                                          r"that stopped before its first checkpoint.*delete"):
+        Trainer(_cfg(young, run={"steps": 30}))  # not "--resume", which has nothing to load
     failed = tmp_path / "failed"  # a start that failed after writing its config.yaml
     failed.mkdir()
     (failed / "config.yaml").write_text("run: {}\n")
@@ -428,6 +434,45 @@ def test_a_damaged_config_yaml_is_named_or_recovered_from_the_checkpoint(tmp_pat
     again.close()
     with pytest.raises(FileNotFoundError, match="not a lucid run"):
         Trainer(make_config("default"), tmp_path / "nothing", resume=True)
+
+
+def test_a_full_disk_stops_the_run_at_its_last_checkpoint_with_the_fix_named(tmp_path):
+    from typer.testing import CliRunner
+    from lucid.cli import app
+    ref = Trainer(_cfg(tmp_path / "ref", run={"steps": 60}))  # the name of the 60-step save
+    ref.run()
+    ref.close()
+    final = list_checkpoints(tmp_path / "ref")[-1].name
+    run = tmp_path / "run"
+    tr = Trainer(_cfg(run, run={"steps": 30}))
+    tr.run()
+    tr.close()
+    first = list_checkpoints(run)
+    tmp = run / "checkpoints" / (final + ".tmp")
+    # the checkpoint's temporary file is /dev/full: every write to it fails with ENOSPC
+    tmp.symlink_to("/dev/full")
+    again = Trainer(make_config("default", run={"steps": 60}), run, resume=True)
+    with pytest.raises(DiskFullError, match=rf"the disk under {run} is full \(No space left "
+                                            rf"on device writing {tmp.with_suffix('')}, at 60 env steps\); "
+                                            rf".*{first[-1].name}.*intact.*"
+                                            rf"--resume {run}"):
+        again.run()
+    again.close()
+    assert list_checkpoints(run) == first and not os.path.lexists(tmp)  # its space is freed
+    tmp.symlink_to("/dev/full")
+    r = CliRunner().invoke(app, ["train", "--resume", str(run), "--steps", "60"])
+    assert r.exit_code == 2 and "is full" in r.output and "Traceback" not in r.output
+    resumed = Trainer(make_config("default", run={"steps": 60}), run, resume=True)  # space again
+    assert resumed.counters["env_steps"] == 30
+    resumed.run()
+    resumed.close()
+    assert list_checkpoints(run)[-1].name == final
+    # a full disk under any other command is one line too, naming the file
+    (tmp_path / "r.html.tmp").symlink_to("/dev/full")
+    r = subprocess.run([sys.executable, "-m", "lucid", "report", str(run), "--out",
+                        str(tmp_path / "r.html")], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"no space left on the disk ({tmp_path / 'r.html'})" in r.stderr
 
 
 # --------------------------------------------------------------------------- config
