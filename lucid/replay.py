@@ -193,13 +193,14 @@ class Replay(_Locked):
                 found.append((f, (int(m.group(1)), int(m.group(2)))))
         return sorted(found, key=lambda x: x[1])
 
-    def restore(self) -> int:
+    def restore(self, set_aside: bool = True) -> int:
         """Rebuild the buffer from the newest contiguous run of chunk files (unreadable chunks
-        end the run). Returns the number of steps per env restored."""
+        end the run and, with `set_aside`, are renamed *.corrupt with any newer ones, so that
+        new chunks never follow a gap). Returns the number of steps per env restored."""
         with self.lock:
-            return self._restore()
+            return self._restore(set_aside)
 
-    def _restore(self) -> int:
+    def _restore(self, set_aside: bool) -> int:
         chunks = self._chunks()
         run: list[tuple[Path, int, int]] = []
         for path, (first, end) in reversed(chunks):
@@ -217,10 +218,11 @@ class Replay(_Locked):
                     arrays = {k: f[k] for k in f.files}
             except Exception as exc:  # noqa: BLE001 - torn or corrupt file
                 # The stream ends before it: set it and anything newer aside (kept, renamed).
-                for bad, _, _ in run[i:]:
+                for bad, _, _ in run[i:] if set_aside else []:
                     bad.replace(bad.with_name(bad.name + ".corrupt"))
                 print(f"warning: replay chunk {path.name} is unreadable ({exc}); restored the "
-                      f"steps before it and renamed it and newer chunks to *.corrupt")
+                      f"steps before it" + (" and renamed it and newer chunks to *.corrupt"
+                                            if set_aside else ""))
                 break
             loaded.append((first, end, self._check(path, arrays)))
         if not loaded:
@@ -295,9 +297,9 @@ class ReplayGroup(_Locked):
         for p in self.parts:
             p.flush()
 
-    def restore(self) -> int:
+    def restore(self, set_aside: bool = True) -> int:
         with self.lock:
-            return sum(p.restore() for p in self.parts)
+            return sum(p.restore(set_aside) for p in self.parts)
 
     @property
     def fullest(self) -> Replay:

@@ -117,6 +117,9 @@ def default_run_dir(cfg: Config) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-s{cfg.run.seed}"
 
 
+VIEW_STEPS = 2**15  # replay steps a run loaded with learn=False (eval, dream) holds
+
+
 RUN_FILES = ("checkpoints", "replay", "metrics.jsonl", "episodes.jsonl")  # a run's data
 
 
@@ -219,11 +222,19 @@ class Trainer:
         self._learn = learn
         self._purge_logs_after: int | None = None  # a resumed run's logs past its checkpoint
         self._loaded: tuple[dict, Path] | None = None  # the checkpoint a resume reads
-        given = run_dir or cfg.run.run_dir
+        self._lock: ckpt.RunLock | None = None  # a learning rank 0's, from _hold() to close()
+        try:
+            self._build(cfg, run_dir or cfg.run.run_dir, resume, learn)
+        except BaseException:
+            self._release()
+            raise
+
+    def _build(self, cfg: Config, given, resume: bool, learn: bool) -> None:
         if resume:
             self.run_dir = Path(given)
             if self.dist is not None:
                 self.run_dir = Path(self.dist.broadcast_object(str(self.run_dir)))
+            self._hold()  # before anything in the directory is read, renamed or written
             saved = self._saved_config()
             # The checkpoint is read now, so that a config.yaml it does not fit is refused
             # before anything is written (it is the config-recovery path's, when that ran).
@@ -239,6 +250,7 @@ class Trainer:
         self.obs_spec, self.act_spec = spaces_of(cfg)  # a bad env fails before any file is written
         if not resume:
             self.run_dir = self._new_run_dir(Path(given) if given else None)
+            self._hold()
         if self.rank == 0 and learn:
             ckpt.atomic_write_text(self.run_dir / "config.yaml", to_yaml(cfg))
         if cfg.run.threads:
@@ -256,11 +268,23 @@ class Trainer:
         if self.dist is not None:
             self.dist.attach(self.agent)  # rank 0's parameters; gradients averaged over ranks
         self.collector = self._make_collector() if learn else None
-        self._lock = ckpt.RunLock(self.run_dir)
         self._restarts_before = self.counters["env_restarts"]
         self.recent: list[float] = []
         self._stop = False
         self._batches: Prefetcher | None = None  # the learner's batch source, made by run()
+
+    def _hold(self) -> None:
+        """One training process per run directory: a learning run's rank 0 locks it (a second
+        process is refused with the first one's pid) until close()."""
+        if self._learn and self.rank == 0 and self._lock is None and self.run_dir.is_dir():
+            lock = ckpt.RunLock(self.run_dir)
+            lock.acquire()
+            self._lock = lock
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _new_run_dir(self, given: Path | None) -> Path:
         """Rank 0 claims the directory; a refusal reaches every rank."""
@@ -327,7 +351,7 @@ class Trainer:
         ckpt.set_rng_state(payload["rng"])
         if "achievements" in payload:
             self.achievements.load_state_dict(payload["achievements"])
-        restored = self.replay.restore()
+        restored = self.replay.restore(set_aside=self._learn)
         if self.rank == 0:  # other ranks keep their own sampling streams
             self.replay.rng.bit_generator.state = payload["replay_rng"]
         print(f"resumed from {path} at {self.counters['env_steps']} env steps, "
@@ -363,16 +387,10 @@ class Trainer:
                   f"steps of train.prefill, so no update will be made; raise --steps or lower "
                   f"train.prefill")
         self._stop = False
-        if self.rank == 0:
-            self._lock.acquire()  # one training process per run directory
-        try:
-            logger = Logger(self.run_dir, progress=cfg.run.progress, total_steps=cfg.run.steps,
-                            start_steps=c["env_steps"], config=cfg,
-                            purge_after=self._purge_logs_after) \
-                if self.rank == 0 else _QuietLogger()
-        except BaseException:
-            self._lock.release()
-            raise
+        logger = Logger(self.run_dir, progress=cfg.run.progress, total_steps=cfg.run.steps,
+                        start_steps=c["env_steps"], config=cfg,
+                        purge_after=self._purge_logs_after) \
+            if self.rank == 0 else _QuietLogger()
         self._purge_logs_after = None
         old_handlers = {s: signal.signal(s, self._handle_signal)
                         for s in (signal.SIGINT, signal.SIGTERM)}
@@ -476,7 +494,6 @@ class Trainer:
             for s, h in old_handlers.items():
                 signal.signal(s, h)
             logger.close()
-            self._lock.release()
         return self.run_dir
 
     def _save_after(self, exc: BaseException) -> None:
@@ -509,6 +526,7 @@ class Trainer:
             self.collector.close()
         if self.dist is not None:
             self.dist.close()
+        self._release()
 
     # ------------------------------------------------------------------ scale-out
 
@@ -518,14 +536,17 @@ class Trainer:
         cfg, t = self.cfg, self.cfg.train
         directory = self.run_dir / ("replay" if self.rank == 0 else f"replay-rank{self.rank}")
         seed = cfg.run.seed + 7919 * self.rank
-        kw = dict(chunk_length=t.replay_chunk, memmap=t.replay_memmap)
+        # A run loaded to evaluate or dream with (learn=False) reads its newest VIEW_STEPS
+        # into memory and writes nothing: a memory-mapped ring may be a live run's.
+        capacity = t.replay_capacity if self._learn else min(t.replay_capacity, VIEW_STEPS)
+        kw = dict(chunk_length=t.replay_chunk, memmap=t.replay_memmap and self._learn)
         if cfg.run.runners != "ray":
-            return Replay.for_spaces(self.obs_spec, self.act_spec.dim, t.replay_capacity,
+            return Replay.for_spaces(self.obs_spec, self.act_spec.dim, capacity,
                                      cfg.env.num_envs, seed=seed, directory=directory,
                                      max_bytes=int(t.replay_max_gb * 2**30), **kw)
         from .replay import ReplayGroup
         n = cfg.run.num_runners
-        parts = [Replay.for_spaces(self.obs_spec, self.act_spec.dim, t.replay_capacity // n,
+        parts = [Replay.for_spaces(self.obs_spec, self.act_spec.dim, capacity // n,
                                    cfg.run.envs_per_runner, seed=seed + 1 + i,
                                    directory=directory / f"runner-{i}",
                                    max_bytes=int(t.replay_max_gb * 2**30) // n, **kw)

@@ -79,6 +79,8 @@ def test_unreadable_newest_chunk_keeps_the_older_steps(tmp_path):
     _add(rep, 0, 30)
     newest = sorted(tmp_path.glob("chunk-*"))[-1]
     newest.write_bytes(newest.read_bytes()[:100])  # torn write
+    look = Replay(100, 1, FIELDS, directory=tmp_path)  # a reader that only looks (eval, dream)
+    assert look.restore(set_aside=False) == 20 and newest.exists()
     other = Replay(100, 1, FIELDS, directory=tmp_path)
     # the newest run is broken at its end: only complete chunks before it are contiguous
     assert other.restore() == 20
@@ -333,17 +335,29 @@ def test_eval_and_callback_failures_keep_the_run(tmp_path, monkeypatch):
     assert payload["counters"]["env_steps"] == tr.counters["env_steps"] > 60
 
 
-def test_one_training_process_per_run_directory(tmp_path):
-    from lucid.checkpoint import RunLock
-    tr = Trainer(_cfg(tmp_path, run={"steps": 30}))
-    other = RunLock(tmp_path)
-    other.acquire()  # e.g. a second `lucid train --resume` of the same run
+def test_one_training_process_per_run_directory_and_loading_one_changes_nothing(tmp_path):
+    from lucid.train import VIEW_STEPS
+    tr = Trainer(_cfg(tmp_path, train={"replay_memmap": True}, run={"steps": 30}))
+    tr.run()  # a Trainer that learns holds its directory from its start until close()
+    files = lambda: {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}  # noqa: E731
+    before = files()
+    # e.g. a second `lucid train --resume` of the same run: refused before it opens anything
+    # (its memory-mapped replay ring would have truncated the live run's)
     with pytest.raises(ConfigError, match=r"in use: another lucid process \(pid \d+\)"):
-        tr.run()
-    other.release()
-    tr.run()
+        Trainer(make_config("default", run={"steps": 60}), tmp_path, resume=True)
+    assert files() == before
+    # eval and dream load it without the lock, into memory, and write nothing
+    view = Trainer(make_config("default", run={"steps": 0}), tmp_path, resume=True, learn=False)
+    assert not isinstance(view.replay.data["obs/vector"], np.memmap)
+    assert view.replay.per_env == VIEW_STEPS < tr.replay.per_env
+    for k, v in _stored(view.replay).items():
+        np.testing.assert_array_equal(v, _stored(tr.replay)[k])
+    assert files() == before
     tr.close()
-    assert tr.counters["env_steps"] == 30
+    again = Trainer(make_config("default", run={"steps": 60}), tmp_path, resume=True)
+    again.run()
+    again.close()
+    assert again.counters["env_steps"] == 60
 
 
 def test_resume_sets_aside_a_corrupt_checkpoint_and_drops_logs_past_the_checkpoint(tmp_path):
