@@ -1,6 +1,7 @@
 # `make train` and `make test` do all set-up on a fresh machine (a virtualenv in .venv).
-# torch is installed first and pinned, so pip never swaps in a multi-GB CUDA build on a
-# machine without CUDA. Override with e.g. `make TORCH="torch==2.13.0" TORCH_PIP_ARGS="--index-url ..."`.
+# torch is installed first and pinned, so that `pip install -e .` keeps it; which build comes
+# is pip's choice (a local CPU wheel where pip is configured with one; from plain PyPI on Linux,
+# the CUDA build). Choose with e.g. `make TORCH_PIP_ARGS="--index-url .../whl/cpu"`.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

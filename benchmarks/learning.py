@@ -50,7 +50,8 @@ def main(argv=None):
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--runs-dir", default="runs/learning")
     p.add_argument("--json", default="benchmarks/results/learning.json")
-    p.add_argument("overrides", nargs="*", help="extra section.key=value for every run")
+    p.add_argument("overrides", nargs="*", help="extra section.key=value for every run "
+                   "(after --, or before the options: --seeds would take them)")
     a = p.parse_args(argv)
     results = []
     for name in a.tasks:

@@ -173,6 +173,7 @@ def config_cmd(preset: str = typer.Option("default"), overrides: List[str] = typ
 
 def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str):
     """`lucid eval --video`: the episodes are run in a rendering env, one video each."""
+    from .runner import EVAL_MAX_STEPS
     from .video import record_episodes
     if video_format not in ("mp4", "gif"):
         _fail(f"--format must be mp4 or gif, got {video_format!r}")
@@ -184,9 +185,13 @@ def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str):
     try:
         recs = record_episodes(trainer.agent, cfg.env.id, episodes, cfg.env.max_episode_steps,
                                env_kwargs=dict(cfg.env.kwargs),
-                               explore=sampled, seed=cfg.run.seed + 10_000, paths=paths)
+                               explore=sampled, seed=cfg.run.seed + 10_000, paths=paths,
+                               max_steps=EVAL_MAX_STEPS)
     except TypeError as exc:  # an env without render_mode
         _fail(exc)
+    if any(r.length >= EVAL_MAX_STEPS for r in recs):
+        typer.echo(f"warning: an episode did not end within {EVAL_MAX_STEPS:,} steps and was "
+                   f"cut there (its return is partial); give env.max_episode_steps", err=True)
     rets = [r.ret for r in recs]
     typer.echo(json.dumps({"episodes": len(rets), "mean_return": sum(rets) / len(rets),
                            "returns": rets, "videos": paths}))

@@ -304,7 +304,8 @@ def make_config(preset: str = "default", overrides: list[str] | dict | None = No
                               + _suggest(key, _all_keys(base))
                               + "; list them all with `lucid config`") from None
         except ValidationError as exc:
-            raise ConfigError(f"bad value for config key {exc.full_key!r}: {exc.msg}") from None
+            raise ConfigError(f"bad value for config key {exc.full_key!r}: "
+                              f"{exc.msg.splitlines()[0]}") from None  # not OmegaConf's details
     obj: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     validate(obj)
     return obj
