@@ -20,7 +20,7 @@ import torch
 
 from .checkpoint import atomic_torch_save, load_checkpoint, load_latest, FORMAT_VERSION
 from .config import ConfigError, from_yaml, make_config, to_yaml
-from .envs import default_preset
+from .envs import INSTANCE_PREFIX, default_preset
 from .train import Trainer, resumed_device
 from .world_model import State
 
@@ -41,10 +41,22 @@ def _instance_factory(name: str):
 
 
 def _register_instance(env) -> str:
-    name = f"_env_instance_{len(_INSTANCES)}"
+    name = f"{INSTANCE_PREFIX.partition(':')[2]}{len(_INSTANCES)}_{type(env.unwrapped).__name__}"
     _INSTANCES[name] = (copy.deepcopy(env), False)  # a pristine copy: make() hands it out
     globals()[name] = _instance_factory(name)
     return f"{__name__}:{name}"
+
+
+def _env_id(env) -> str:
+    """The config's env.id of an env name or instance (instances are registered here)."""
+    if not isinstance(env, gym.Env):
+        return str(env)
+    try:
+        return _register_instance(env)
+    except Exception as exc:  # noqa: BLE001 - deepcopy of an env with live handles
+        raise TypeError(f"cannot copy the env instance ({type(exc).__name__}: {exc}); pass it "
+                        f"by name instead ('module.path:EnvClass' with its kwargs as "
+                        f"env__kwargs)") from None
 
 
 class Dreamer:
@@ -62,12 +74,7 @@ class Dreamer:
             raise TypeError("Dreamer got a vector env; pass one env (an instance or a name) "
                             "and set env__num_envs=N: lucid builds the vector env itself")
         if isinstance(env, gym.Env):
-            try:
-                env = _register_instance(env)
-            except Exception as exc:  # noqa: BLE001 - deepcopy of an env with live handles
-                raise TypeError(f"cannot copy the env instance ({type(exc).__name__}: {exc}); "
-                                f"pass it by name instead ('module.path:EnvClass' with its "
-                                f"kwargs as env__kwargs)") from None
+            env = _env_id(env)
             overrides.setdefault("env", {})
             if isinstance(overrides["env"], dict):
                 overrides["env"].setdefault("num_envs", 1)
@@ -96,7 +103,8 @@ class Dreamer:
     def learn(self, total_env_steps: int, callback=None) -> "Dreamer":
         """Train for `total_env_steps` more env steps. `callback(info)` is called after every
         finished training episode with a dict of the counters, `return` and `length`;
-        returning False stops learning (with a checkpoint)."""
+        returning a false value (False, 0, np.False_; not None) stops learning (with a
+        checkpoint)."""
         if not isinstance(total_env_steps, numbers.Integral) or isinstance(total_env_steps, bool) \
                 or total_env_steps < 0:
             raise ValueError(f"learn() takes a whole number of env steps >= 0, got "
@@ -110,16 +118,12 @@ class Dreamer:
         (action, state). Pass the returned state back with the next observation. With
         state=None every row starts a new episode; `episode_start` (a bool, or N bools)
         marks the rows whose episode starts at this observation, as after a reset."""
-        spec = self.trainer.obs_spec
-        first = next(iter(obs.values())) if isinstance(obs, dict) else obs
-        key = next(iter(spec.images or spec.vectors))
-        single_shape = spec.images.get(key) or (spec.vectors[key],)
-        batched = np.asarray(first).ndim > len(single_shape) or (
-            key in spec.discrete and np.asarray(first).ndim == 1)
+        n = self.trainer.obs_spec.batch_of(obs)
+        batched = n is not None
         if not batched:
             obs = ({k: np.asarray(v)[None] for k, v in obs.items()} if isinstance(obs, dict)
                    else np.asarray(obs)[None])
-        n = len(next(iter(obs.values())) if isinstance(obs, dict) else obs)
+            n = 1
         if state is not None:
             if not isinstance(state, State):
                 raise TypeError(f"predict(state=...) takes the state a previous predict "
@@ -128,7 +132,7 @@ class Dreamer:
                 raise ValueError(f"predict got a state for {state.h.shape[0]} env(s) and "
                                  f"{n} observation(s); keep one state per batch size, or pass "
                                  f"state=None to start new episodes")
-        arrays = spec.convert(obs, (n,))
+        arrays = self.trainer.obs_spec.convert(obs, (n,))
         tensors = {k: torch.as_tensor(v, device=self.agent.device) for k, v in arrays.items()}
         starts = None
         if episode_start is not None:
@@ -143,6 +147,10 @@ class Dreamer:
         return (env_action if batched else env_action[0]), state
 
     def evaluate(self, episodes: int = 10, deterministic: bool = True) -> list[float]:
+        """Returns of `episodes` episodes in a fresh env (greedy unless deterministic=False)."""
+        if not isinstance(episodes, numbers.Integral) or episodes < 1:
+            raise ValueError(f"evaluate() takes a whole number of episodes >= 1, got "
+                             f"{episodes!r}")
         return [e.ret for e in self.trainer.evaluate(episodes, explore=not deterministic)]
 
     def save(self, path: str | Path) -> None:
@@ -150,24 +158,39 @@ class Dreamer:
                            "agent": self.agent.state_dict(),
                            "counters": dict(self.trainer.counters)}, Path(path))
 
+    def close(self) -> None:
+        """Close the envs and release the run directory (which a Dreamer holds while it
+        lives, so that no second process trains in it). `with Dreamer(...) as agent:` too."""
+        self.trainer.close()
+
+    def __enter__(self) -> "Dreamer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @classmethod
     def load(cls, path: str | Path, run_dir: str | Path | None = None,
-             device: str = "auto", env=None) -> "Dreamer":
+             device: str = "auto", env=None, resume: bool = False) -> "Dreamer":
         """An agent saved with `save`, or a run directory's newest checkpoint, on `device`
         when given, else on its own device where this machine has it, else on auto's choice
         (a GPU-trained agent loads on a CPU). Further learning goes to `run_dir`, else to a
-        fresh directory: the saved run's own files are never written to. `env` (a name or
-        an instance) replaces the saved env; an agent trained on an env instance needs one,
+        fresh directory, with an empty replay: the saved run's own files are never written
+        to. With `resume`, `path` is a run directory and learning continues in it, with its
+        replay, counters and logs, as `lucid train --resume` does. `env` (a name or an
+        instance) replaces the saved env; an agent trained on an env instance needs one,
         since a checkpoint holds only the env's name."""
         path = Path(path)
+        if resume:
+            return cls._resume(path, run_dir, device, env)
         if path.is_dir() and not (path / "checkpoints").is_dir():
             raise FileNotFoundError(f"{path} is neither a checkpoint file nor a run directory "
                                     f"(it has no checkpoints/)")
         payload = load_latest(path)[0] if path.is_dir() else load_checkpoint(path)
         cfg = from_yaml(payload["config"], where=f"the config stored in {path}")
         if env is not None:
-            cfg.env.id = _register_instance(env) if isinstance(env, gym.Env) else str(env)
-        elif cfg.env.id.startswith(f"{__name__}:_env_instance_"):
+            cfg.env.id = _env_id(env)
+        elif cfg.env.id.startswith(INSTANCE_PREFIX):
             raise ValueError(f"{path} was trained on an env instance (Dreamer(MyEnv())), whose "
                              f"name does not outlive its process; pass the env again: "
                              f"Dreamer.load(path, env=MyEnv())")
@@ -179,4 +202,19 @@ class Dreamer:
         self.trainer.agent.load_state_dict(payload["agent"])
         self.trainer.counters.update(payload.get("counters", {}))
         self.agent = self.trainer.agent
+        return self
+
+    @classmethod
+    def _resume(cls, path: Path, run_dir, device: str, env) -> "Dreamer":
+        if run_dir is not None and Path(run_dir) != path:
+            raise ValueError(f"Dreamer.load(..., resume=True) learns on in {path} itself; "
+                             f"leave out run_dir (or resume=False to learn into a new one)")
+        if not path.is_dir():
+            raise FileNotFoundError(f"Dreamer.load(..., resume=True) continues a run "
+                                    f"directory; {path} is not one (resume=False loads a "
+                                    f"checkpoint file)")
+        self = cls.__new__(cls)
+        self.trainer = Trainer(make_config("default", run={"steps": 0, "device": device}),
+                               path, resume=True, env=None if env is None else _env_id(env))
+        self.cfg, self.agent = self.trainer.cfg, self.trainer.agent
         return self

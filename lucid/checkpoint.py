@@ -26,6 +26,9 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """`write(f)` into a temporary file, flush, fsync, then rename: readers see the old file
     or the complete new one, never a partial one. A write that fails (a full disk) removes
     the temporary file, so that it holds no space, and re-raises."""
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"cannot write {path}: the directory {path.parent} does not "
+                                f"exist")
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
@@ -81,6 +84,11 @@ class RunLock:
             pid = f.read().strip() or "?"
             f.close()
             from .config import ConfigError
+            if pid == str(os.getpid()):
+                raise ConfigError(
+                    f"{self.path.parent} is in use by another Trainer or Dreamer of this "
+                    f"process (which holds its run directory while it lives); close() it, "
+                    f"or give another run directory") from None
             raise ConfigError(f"{self.path.parent} is in use: another lucid process (pid {pid}) "
                               f"is training in it; wait for it to finish or stop it") from None
         f.seek(0)
@@ -168,12 +176,12 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        if "Weights only load failed" in str(exc):
-            what = [ln.strip() for ln in str(exc).splitlines() if "Unsupported global" in ln]
+        what = [ln.strip() for ln in str(exc).splitlines() if "unsupported global" in ln.lower()]
+        if what:  # a real pickle of classes: a checkpoint of another program, maybe hostile
             raise ValueError(f"refused to load {path}: it contains objects other than tensors "
-                             f"and plain data (loading it could run code)"
-                             + (f": {what[0].split(' was not')[0]}" if what else "")) from None
-        raise ValueError(_unreadable(path, exc)) from None
+                             f"and plain data (loading it could run code): "
+                             f"{what[0].split(' was not')[0].split(' whose')[0]}") from None
+        raise ValueError(_unreadable(path, exc)) from None  # e.g. a text file
     except Exception as exc:  # noqa: BLE001 - torch's zip reader on a cut-off or foreign file
         raise ValueError(_unreadable(path, exc)) from None
     if not isinstance(payload, dict) or payload.get("format_version") != FORMAT_VERSION:

@@ -209,8 +209,9 @@ def render() -> str:
         "Python as `Dreamer(env, train__train_ratio=64)` or "
         "`make_config(preset, [\"train.train_ratio=64\"])`. The value is parsed as YAML "
         "(`null`, `true`, numbers, `[a,b]` lists). Precedence: dataclass default < preset < "
-        "command-line options (`--steps`, `--size`, ...) < overrides. An unknown key or a value "
-        "of the wrong type is refused with the closest valid key named; `lucid config --preset "
+        "command-line options (`--steps`, `--size`, ...) < overrides. An unknown key is refused "
+        "with the closest valid key named, a value of the wrong type with its key and the "
+        "type it needs; `lucid config --preset "
         "NAME [overrides]` prints the resolved config, and every run keeps its own in "
         "`RUN_DIR/config.yaml`.\n",
         "## Top level\n",

@@ -25,7 +25,7 @@ import torch
 from . import checkpoint as ckpt
 from .agent import Agent
 from .config import Config, ConfigError, as_dict, flatten, from_yaml, to_yaml
-from .envs import ActionSpec, ObsSpec, env_fn, make_env
+from .envs import INSTANCE_PREFIX, ActionSpec, ObsSpec, env_fn, env_label, make_env
 from .envs.crafter import AchievementTracker
 from .logger import Logger
 from .replay import Prefetcher, Replay
@@ -80,6 +80,8 @@ def check_resumable(saved: Config, cfg: Config, where: Path) -> None:
     """Refuse a resume whose config.yaml changed what the checkpoint and replay were built
     for, naming every changed key, before anything is loaded."""
     old, new = flatten(as_dict(saved)), flatten(as_dict(cfg))
+    if all(c["env.id"].startswith(INSTANCE_PREFIX) for c in (old, new)):
+        del old["env.id"], new["env.id"]  # an instance's name does not outlive its process
     changed = [f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} in config.yaml"
                for k in sorted(set(old) | set(new))
                if k.startswith(_FIXED_ON_RESUME) and old.get(k) != new.get(k)]
@@ -113,7 +115,7 @@ def seed_everything(seed: int) -> None:
 
 
 def default_run_dir(cfg: Config) -> Path:
-    name = cfg.env.id.replace(":", "-").replace("/", "-")
+    name = env_label(cfg.env.id).replace(":", "-").replace("/", "-")
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-s{cfg.run.seed}"
 
 
@@ -163,10 +165,11 @@ def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
     """The env's observation and action specs, and a check that its first reset and step fit
     them: a custom env's mistakes show here, named, before any file is written."""
     env = make_env(cfg.env.id, cfg.env.max_episode_steps, **cfg.env.kwargs)
+    name = env_label(cfg.env.id)
     try:
         spaces = [getattr(env, name, None) for name in ("observation_space", "action_space")]
         if not all(isinstance(s, gym.Space) for s in spaces):
-            raise TypeError(f"{cfg.env.id} has no observation_space or action_space (a "
+            raise TypeError(f"{name} has no observation_space or action_space (a "
                             f"gymnasium.spaces.Space each); set both in its __init__")
         obs_spec, act_spec = ObsSpec.from_space(spaces[0]), ActionSpec.from_space(spaces[1])
         try:
@@ -174,25 +177,25 @@ def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
         except Exception:  # noqa: BLE001 - a crashing env: the run restarts it (env.max_restarts)
             return obs_spec, act_spec
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
-            raise TypeError(f"{cfg.env.id}'s reset() returned {type(out).__name__}, not "
+            raise TypeError(f"{name}'s reset() returned {type(out).__name__}, not "
                             f"(observation, info): gymnasium envs return both")
-        _fits(cfg.env.id, obs_spec, spaces[0], out[0], "first observation")
+        _fits(name, obs_spec, spaces[0], out[0], "first observation")
         try:
             out = env.step(spaces[1].sample())
         except Exception:  # noqa: BLE001 - as above
             return obs_spec, act_spec
         if not (isinstance(out, tuple) and len(out) == 5):
-            raise TypeError(f"{cfg.env.id}'s step() returned {type(out).__name__} of "
+            raise TypeError(f"{name}'s step() returned {type(out).__name__} of "
                             f"{len(out) if isinstance(out, tuple) else 1}, not (observation, "
                             f"reward, terminated, truncated, info): gymnasium envs return five")
-        _fits(cfg.env.id, obs_spec, spaces[0], out[0], "observation after step()")
+        _fits(name, obs_spec, spaces[0], out[0], "observation after step()")
         reward, flags = np.asarray(out[1]), [np.asarray(f) for f in out[2:4]]
         if reward.ndim != 0 or not np.issubdtype(reward.dtype, np.number):
-            raise TypeError(f"{cfg.env.id}'s step() returned the reward {out[1]!r}; it must be "
+            raise TypeError(f"{name}'s step() returned the reward {out[1]!r}; it must be "
                             f"one number")
         if any(f.ndim != 0 or not (f.dtype == bool or np.issubdtype(f.dtype, np.integer)
                                    and int(f) in (0, 1)) for f in flags):
-            raise TypeError(f"{cfg.env.id}'s step() returned terminated={out[2]!r}, "
+            raise TypeError(f"{name}'s step() returned terminated={out[2]!r}, "
                             f"truncated={out[3]!r}; both must be bools")
         return obs_spec, act_spec
     finally:
@@ -211,11 +214,13 @@ class Trainer:
     """Owns the agent, replay, collector and counters of one run directory."""
 
     def __init__(self, cfg: Config, run_dir: Path | str | None = None, resume: bool = False,
-                 learn: bool = True):
+                 learn: bool = True, env: str | None = None):
         """A new run in `run_dir` (or cfg.run.run_dir, else a fresh directory under runs/),
         or with `resume` the run saved there, continued with `cfg`'s run.steps and
         run.device. `learn=False` loads a run to evaluate or dream with: its config.yaml
-        stays as it is and no env runners start."""
+        stays as it is and no env runners start. `env` (with `resume`) replaces the saved
+        env id: a run on an env instance (Dreamer(MyEnv())) continues with the instance
+        given again."""
         # Data-parallel learners (torchrun): rank 0's run directory is everyone's.
         self.dist = distributed.DataParallel(cfg.run.device) if distributed.launched() else None
         self.rank = self.dist.rank if self.dist else 0
@@ -224,12 +229,12 @@ class Trainer:
         self._loaded: tuple[dict, Path] | None = None  # the checkpoint a resume reads
         self._lock: ckpt.RunLock | None = None  # a learning rank 0's, from _hold() to close()
         try:
-            self._build(cfg, run_dir or cfg.run.run_dir, resume, learn)
+            self._build(cfg, run_dir or cfg.run.run_dir, resume, learn, env)
         except BaseException:
             self._release()
             raise
 
-    def _build(self, cfg: Config, given, resume: bool, learn: bool) -> None:
+    def _build(self, cfg: Config, given, resume: bool, learn: bool, env: str | None) -> None:
         if resume:
             self.run_dir = Path(given)
             if self.dist is not None:
@@ -242,6 +247,8 @@ class Trainer:
             payload, found = self._loaded
             check_resumable(from_yaml(payload["config"], where=f"the config stored in {found}"),
                             saved, self.run_dir / "config.yaml")
+            if env is not None:
+                saved.env.id = env
             saved.run.steps = max(saved.run.steps, cfg.run.steps) if cfg.run.steps else saved.run.steps
             saved.run.device = resumed_device(saved.run.device, cfg.run.device)
             cfg = saved
@@ -377,7 +384,8 @@ class Trainer:
 
     def run(self, callback=None) -> Path:
         """Train until `run.steps` env steps (or the time limit, the target return, SIGINT /
-        SIGTERM, or `callback(info)` returning False after an episode), then checkpoint."""
+        SIGTERM, or `callback(info)` returning False (or 0, np.False_; not None) after an
+        episode), then checkpoint."""
         cfg, t, c = self.cfg, self.cfg.train, self.counters
         if self.collector is None:
             raise RuntimeError("this Trainer was loaded with learn=False (to evaluate); "
@@ -417,8 +425,8 @@ class Trainer:
                     self.save()  # the bad step never reached the replay
                     raise EnvError(
                         f"{exc} (at {c['env_steps']} env steps); stopped with a checkpoint in "
-                        f"{self.run_dir}: fix the environment, then continue with `lucid "
-                        f"train --resume {self.run_dir}`") from exc
+                        f"{self.run_dir}: fix the environment, then continue with "
+                        f"{self.resume_hint()}") from exc
                 self.achievements.update(getattr(self.collector, "info", None) or {})
                 c["env_steps"] += n
                 for ep in finished:
@@ -427,9 +435,9 @@ class Trainer:
                     logger.episode({"env_steps": c["env_steps"], "return": ep.ret,
                                     "length": ep.length, "wall_time": time.time() - start,
                                     "eval": False})
-                    if callback is not None and callback(
-                            {**c, "return": ep.ret, "length": ep.length}) is False:
-                        self._stop = True
+                    if callback is not None:  # None goes on, any other falsy value stops
+                        go_on = callback({**c, "return": ep.ret, "length": ep.length})
+                        self._stop |= go_on is not None and not go_on
                 while c["updates"] < self.updates_due() and self.replay.can_sample(t.batch_length):
                     batch = self._batches.get()  # timed: perf/batch_wait_ms
                     metrics = self.agent.train_step(batch)
@@ -505,13 +513,21 @@ class Trainer:
             return
         if path is not None:
             print(f"stopped by {type(exc).__name__}: saved {path}; continue with "
-                  f"`lucid train --resume {self.run_dir}`")
+                  f"{self.resume_hint()}")
+
+    def resume_hint(self) -> str:
+        """How to continue this run: the CLI, or for a run on an env instance (which no other
+        process can rebuild) Dreamer.load with the instance again."""
+        if self.cfg.env.id.startswith(INSTANCE_PREFIX):
+            return (f"Dreamer.load({str(self.run_dir)!r}, resume=True, "
+                    f"env={env_label(self.cfg.env.id)}(...))")
+        return f"`lucid train --resume {self.run_dir}`"
 
     def _disk_full(self, exc: OSError) -> DiskFullError:
         saved = ckpt.list_checkpoints(self.run_dir)
         then = (f"its newest checkpoint, {saved[-1].name}, and the replay on disk are intact. "
                 f"Free some space (old runs, videos/, a lower run.keep_checkpoints or "
-                f"train.replay_capacity) and continue with `lucid train --resume {self.run_dir}`"
+                f"train.replay_capacity) and continue with {self.resume_hint()}"
                 if saved else "it had no checkpoint yet; free some space and start it again "
                 f"in a new run directory")
         err = DiskFullError(

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from lucid import Dreamer
-from lucid.checkpoint import list_checkpoints, load_checkpoint, load_latest
+from lucid.checkpoint import atomic_torch_save, list_checkpoints, load_checkpoint, load_latest
 from lucid.train import Trainer
-from lucid.config import make_config
+from lucid.config import ConfigError, make_config
 
 
 class _Exploit:
@@ -21,9 +21,16 @@ def test_malicious_checkpoint_runs_nothing(tmp_path):
         os.remove(marker)
     path = tmp_path / "ckpt-000000001.pt"
     torch.save({"format_version": 1, "payload": _Exploit()}, path)
-    with pytest.raises(ValueError, match="refused to load"):
+    with pytest.raises(ValueError, match=r"refused to load.*could run code\): .*system"):
         load_checkpoint(path)
     assert not os.path.exists(marker)
+    text = tmp_path / "train.py"  # a file given by mistake is no threat, only not a checkpoint
+    text.write_text("import os\nprint(1)\n")
+    with pytest.raises(ValueError, match="train.py is not a readable checkpoint"):
+        load_checkpoint(text)
+    with pytest.raises(FileNotFoundError, match=r"cannot write .*x.pt: the directory .*missing "
+                                                r"does not exist"):
+        atomic_torch_save({}, tmp_path / "missing" / "x.pt")
 
 
 def _small_cfg(tmp_path, steps=50):
@@ -130,7 +137,7 @@ def test_dreamer_api_takes_an_env_instance_and_a_callback(tmp_path):
 
     def callback(info):
         seen.append(info)
-        return len(seen) < 3  # stop after the third episode
+        return np.bool_(len(seen) < 3)  # stop after the third episode (any falsy value)
 
     agent = Dreamer(env, size="nano", run_dir=tmp_path / "run",
                     train={"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 20,
@@ -142,8 +149,13 @@ def test_dreamer_api_takes_an_env_instance_and_a_callback(tmp_path):
     assert agent.trainer.counters["env_steps"] == seen[-1]["env_steps"] < 10_000  # stopped
     rets = agent.evaluate(2)  # evaluation runs in a copy of the instance
     assert len(rets) == 2 and all(1 <= r <= 30 for r in rets)
-    agent.learn(20)  # a stopped run can learn again
+    agent.learn(20, callback=lambda info: None)  # a stopped run can learn again; None goes on
     assert agent.trainer.counters["env_steps"] >= seen[-1]["env_steps"] + 20
+    # messages and default directories call the instance by its class
+    from lucid.train import default_run_dir
+    assert default_run_dir(agent.cfg).name.startswith("CartPoleEnv-")
+    assert agent.trainer.resume_hint() == (f"Dreamer.load({str(tmp_path / 'run')!r}, "
+                                          f"resume=True, env=CartPoleEnv(...))")
     agent.save(tmp_path / "a.pt")  # the checkpoint holds the env's name, not the instance
     with pytest.raises(ValueError, match=r"trained on an env instance.*env=MyEnv\(\)"):
         Dreamer.load(tmp_path / "a.pt", run_dir=tmp_path / "r2")
@@ -152,3 +164,20 @@ def test_dreamer_api_takes_an_env_instance_and_a_callback(tmp_path):
     for p, q in zip(agent.agent.wm.parameters(), again.agent.wm.parameters()):
         assert torch.equal(p, q)
     assert len(again.evaluate(1)) == 1  # in the instance passed
+    with pytest.raises(ValueError, match="episodes >= 1"):
+        again.evaluate(0)
+    again.close()
+    # the run itself continues from Python, with its replay and counters
+    counters, steps = dict(agent.trainer.counters), agent.trainer.replay.count
+    with pytest.raises(ConfigError, match="in use by another Trainer or Dreamer of this process"):
+        Dreamer.load(tmp_path / "run", resume=True, env=gym.make("CartPole-v1"))
+    agent.close()
+    with Dreamer.load(tmp_path / "run", resume=True,
+                      env=gym.make("CartPole-v1", max_episode_steps=30)) as cont:
+        assert cont.trainer.counters == counters and cont.trainer.replay.count == steps
+        assert cont.trainer.run_dir == tmp_path / "run"
+        cont.learn(20)
+        assert cont.trainer.counters["env_steps"] == counters["env_steps"] + 20
+    again = Dreamer.load(tmp_path / "run", resume=True, env=gym.make("CartPole-v1"))
+    assert again.trainer.counters["env_steps"] == counters["env_steps"] + 20  # it was saved
+    again.close()

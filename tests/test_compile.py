@@ -85,6 +85,7 @@ def test_compiled_agent_trains_checkpoints_and_resumes(tmp_path):
 
     first = Trainer(cfg(40))
     first.run()
+    first.close()
     c1 = dict(first.counters)
     assert c1["updates"] == math.floor((c1["env_steps"] - 20) * 32 / (4 * 8)) > 0
     params = [p.detach().clone() for p in first.agent.wm.parameters()]
@@ -93,6 +94,7 @@ def test_compiled_agent_trains_checkpoints_and_resumes(tmp_path):
     for a, b in zip(params, more.agent.wm.parameters()):
         assert torch.equal(a, b)
     more.run()
+    more.close()
     assert more.counters["updates"] > c1["updates"]
     last = json.loads((tmp_path / "metrics.jsonl").read_text().strip().splitlines()[-1])
     assert last["train/nonfinite_updates"] == 0

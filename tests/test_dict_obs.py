@@ -157,3 +157,30 @@ def test_observation_keys_may_share_names_with_step_fields():
     assert not torch.equal(a.z, b.z)  # the observation "is_first" reached the posterior
     fresh = agent.policy(obs)[1]
     assert torch.equal(a.h[0], fresh.h[0]) and not torch.equal(a.h[1], fresh.h[1])
+
+
+def test_one_observation_or_a_batch_is_told_by_the_spaces_own_shapes():
+    mat = ObsSpec.from_space(gym.spaces.Box(0, 1, (2, 3)))
+    assert mat.batch_of(np.zeros((2, 3))) is None  # one (2, 3) observation, not a batch of 2
+    assert mat.batch_of(np.zeros((5, 2, 3))) == 5
+    try:
+        mat.batch_of(np.zeros(3))
+    except ValueError as exc:  # named as one observation, without a made-up key
+        assert str(exc).startswith("the observation has shape (3,): one observation has "
+                                   "shape (2, 3)"), str(exc)
+    else:
+        raise AssertionError("a (3,) observation was taken for a (2, 3) space")
+    assert mat.convert(np.ones((2, 3)), ())["vector"].shape == (6,)
+    both = ObsSpec.from_space(gym.spaces.Dict({
+        "image": gym.spaces.Box(0, 255, (16, 16, 3), np.uint8),
+        "vec": gym.spaces.Box(-1, 1, (2,)), "mode": gym.spaces.Discrete(3)}))
+    batch = {"mode": np.zeros(4, np.int64), "vec": np.zeros((4, 2)),  # any key order
+             "image": np.zeros((4, 16, 16, 3), np.uint8)}
+    assert both.batch_of(batch) == 4
+    assert both.batch_of({k: v[0] for k, v in batch.items()}) is None
+    try:
+        both.convert(dict(batch, vec=np.zeros((4, 3))), (4,))
+    except ValueError as exc:
+        assert "observation 'vec' has shape (4, 3), expected (4, 2)" in str(exc), str(exc)
+    else:
+        raise AssertionError("a (4, 3) batch was taken for (4, 2)")

@@ -269,7 +269,7 @@ def test_a_nan_observation_stops_the_run_with_a_checkpoint_to_resume_from(tmp_pa
     tr = Trainer(cfg)
     NaNEnv.broken = True
     try:
-        with pytest.raises(EnvError, match=r"'vector' contains NaN or Inf.*\(at 30 env "
+        with pytest.raises(EnvError, match=r"the observation contains NaN or Inf.*\(at 30 env "
                                            r"steps\); stopped with a checkpoint.*--resume"):
             tr.run()
     finally:
@@ -339,12 +339,28 @@ def test_one_training_process_per_run_directory_and_loading_one_changes_nothing(
     from lucid.train import VIEW_STEPS
     tr = Trainer(_cfg(tmp_path, train={"replay_memmap": True}, run={"steps": 30}))
     tr.run()  # a Trainer that learns holds its directory from its start until close()
-    files = lambda: {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}  # noqa: E731
+    files = lambda: {p: p.read_bytes() for p in tmp_path.rglob("*")  # noqa: E731
+                     if p.is_file() and p.name != ".lock"}  # (.lock holds the holder's pid)
     before = files()
-    # e.g. a second `lucid train --resume` of the same run: refused before it opens anything
-    # (its memory-mapped replay ring would have truncated the live run's)
-    with pytest.raises(ConfigError, match=r"in use: another lucid process \(pid \d+\)"):
+    # a second training Trainer of the same run: refused before it opens anything (its
+    # memory-mapped replay ring would have truncated the live run's)
+    with pytest.raises(ConfigError, match=r"in use by another Trainer or Dreamer of this "
+                                          r"process.*close\(\) it"):
         Trainer(make_config("default", run={"steps": 60}), tmp_path, resume=True)
+    assert files() == before
+    tr.close()
+    # e.g. a second `lucid train --resume` while the first one trains
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from lucid.checkpoint import RunLock; "
+         f"lock = RunLock({str(tmp_path)!r}); lock.acquire(); print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=rf"in use: another lucid process \(pid "
+                                              rf"{holder.pid}\)"):
+            Trainer(make_config("default", run={"steps": 60}), tmp_path, resume=True)
+    finally:
+        holder.communicate("")
     assert files() == before
     # eval and dream load it without the lock, into memory, and write nothing
     view = Trainer(make_config("default", run={"steps": 0}), tmp_path, resume=True, learn=False)
@@ -353,7 +369,6 @@ def test_one_training_process_per_run_directory_and_loading_one_changes_nothing(
     for k, v in _stored(view.replay).items():
         np.testing.assert_array_equal(v, _stored(tr.replay)[k])
     assert files() == before
-    tr.close()
     again = Trainer(make_config("default", run={"steps": 60}), tmp_path, resume=True)
     again.run()
     again.close()

@@ -44,6 +44,7 @@ def test_resume_continues_counters_replay_and_optimisers(tmp_path):
     data1 = {k: v.copy() for k, v in first.replay.data.items()}
     params1 = [p.detach().clone() for p in first.agent.wm.parameters()]
     adam_step1 = first.agent.opt_wm.state_dict()["state"][0]["step"]
+    first.close()
 
     again = Trainer(make_config("default", run={"steps": 0}), tmp_path, resume=True)
     assert again.counters == c1
@@ -52,10 +53,11 @@ def test_resume_continues_counters_replay_and_optimisers(tmp_path):
     for a, b in zip(params1, again.agent.wm.parameters()):
         assert torch.equal(a, b)
     assert again.agent.opt_wm.state_dict()["state"][0]["step"] == adam_step1
-    again.collector.close()
+    again.close()
 
     more = Trainer(make_config("default", run={"steps": 100}), tmp_path, resume=True)
     more.run()
+    more.close()
     assert more.counters["env_steps"] >= 100 > c1["env_steps"]
     assert more.counters["updates"] > c1["updates"]
     assert more.counters["updates"] == math.floor((more.counters["env_steps"] - 20) * 64 / 64)

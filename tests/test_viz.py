@@ -49,9 +49,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trainer(runs):
-    tr = Trainer(make_config("default", run={"steps": 0}), runs[0], resume=True)
-    tr.collector.close()
-    return tr
+    return Trainer(make_config("default", run={"steps": 0}), runs[0], resume=True, learn=False)
 
 
 class DotEnv(gym.Env):

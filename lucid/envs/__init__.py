@@ -157,13 +157,24 @@ def _import_attr(spec: str):
     return getattr(mod, name)
 
 
+INSTANCE_PREFIX = "lucid.api:_env_instance_"  # + "<n>_<class>": an env instance given to Dreamer
+
+
+def env_label(env_id: str) -> str:
+    """How messages and run directory names call an env: an instance given to Dreamer by its
+    class's name, any other env by its id."""
+    if env_id.startswith(INSTANCE_PREFIX):
+        return env_id[len(INSTANCE_PREFIX):].partition("_")[2] or env_id
+    return env_id
+
+
 def _user_env(spec: str, **kwargs) -> gym.Env:
     try:
         obj = _import_attr(spec)
     except (ImportError, AttributeError, ValueError) as exc:
         if isinstance(exc, MissingExtraError):
             raise
-        if spec.startswith("lucid.api:_env_instance_"):
+        if spec.startswith(INSTANCE_PREFIX):
             raise UnknownEnvError(
                 "this run was trained from Python on an env instance (Dreamer(MyEnv())), which "
                 "no other process can rebuild; load it with Dreamer.load(path, env=MyEnv())") from None

@@ -62,16 +62,22 @@ class ObsSpec:
     discrete: dict[str, int] = field(default_factory=dict)  # key -> n (one-hot encoded)
     image_scale: dict[str, float] = field(default_factory=dict)  # key -> factor to 0..255
     discrete_start: dict[str, int] = field(default_factory=dict)  # key -> Discrete(n, start)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # key -> one obs's shape
+    dict_space: bool = False  # a Dict space (else one observation, named "image"/"vector")
 
     @classmethod
     def from_space(cls, space: gym.Space) -> "ObsSpec":
-        spec = cls()
+        spec = cls(dict_space=isinstance(space, gym.spaces.Dict))
         items = space.spaces.items() if isinstance(space, gym.spaces.Dict) else [(None, space)]
         if not items:
             raise TypeError("the observation space is an empty Dict: lucid needs at least one "
                             "observation to learn from")
         for key, sub in items:
             where = f" at key {key!r}" if key else ""
+            if isinstance(sub, (gym.spaces.Box, gym.spaces.Discrete)):
+                name = key or ("image" if isinstance(sub, gym.spaces.Box) and _is_image(sub)
+                               else "vector")
+                spec.shapes[name] = tuple(int(d) for d in sub.shape)
             if isinstance(sub, gym.spaces.Box):
                 if not _is_image(sub) and (why := _looks_like_a_misshaped_image(sub)):
                     raise TypeError(f"the observation{where} looks like {why}")
@@ -107,6 +113,31 @@ class ObsSpec:
     def keys(self) -> list[str]:
         return list(self.images) + list(self.vectors)
 
+    def shape(self, key: str) -> tuple[int, ...]:
+        """The shape of one observation of `key`, as the env gives it."""
+        if key in self.shapes:
+            return self.shapes[key]
+        return self.images.get(key) or (() if key in self.discrete else (self.vectors[key],))
+
+    def _what(self, key: str) -> str:
+        return f"observation {key!r}" if self.dict_space else "the observation"
+
+    def batch_of(self, obs) -> int | None:
+        """None for one observation, N for a batch of N (a leading axis), judged by the
+        spec's first key; other shapes are refused, named."""
+        key = self.keys()[0]
+        if isinstance(obs, dict):
+            if key not in obs:
+                raise KeyError(f"observation is missing key {key!r} (has {list(obs)})")
+            obs = obs[key]
+        x, shape = np.asarray(obs), self.shape(key)
+        if x.ndim == len(shape):
+            return None
+        if x.ndim == len(shape) + 1:
+            return x.shape[0]
+        raise ValueError(f"{self._what(key)} has shape {x.shape}: one observation has shape "
+                         f"{shape}, a batch of N has shape (N, *{shape})")
+
     def convert(self, obs, batch_shape: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
         """Env observation(s) -> dict of arrays with leading `batch_shape`; checks values."""
         raw = obs if isinstance(obs, dict) else {self.keys()[0]: obs}
@@ -117,24 +148,24 @@ class ObsSpec:
             x = np.asarray(raw[key])
             if key in self.images:
                 if x.shape != (*batch_shape, *self.images[key]):
-                    raise ValueError(f"observation {key!r} has shape {x.shape}, expected "
+                    raise ValueError(f"{self._what(key)} has shape {x.shape}, expected "
                                      f"{(*batch_shape, *self.images[key])}")
                 if x.dtype != np.uint8:
                     if not np.all(np.isfinite(x)):
-                        raise ValueError(f"observation {key!r} contains NaN or Inf")
+                        raise ValueError(f"{self._what(key)} contains NaN or Inf")
                     x = np.rint(np.clip(x * self.image_scale.get(key, 1.0), 0, 255)).astype(np.uint8)
             elif key in self.discrete:
                 idx = x.astype(np.int64) - self.discrete_start.get(key, 0)
                 if np.any((idx < 0) | (idx >= self.discrete[key])):
-                    raise ValueError(f"observation {key!r} = {x} lies outside its Discrete space")
+                    raise ValueError(f"{self._what(key)} = {x} lies outside its Discrete space")
                 x = np.eye(self.discrete[key], dtype=np.float32)[idx]
             else:
+                if x.size != np.prod(batch_shape, dtype=np.int64) * self.vectors[key]:
+                    raise ValueError(f"{self._what(key)} has shape {x.shape}, expected "
+                                     f"{(*batch_shape, *self.shape(key))}")
                 x = x.reshape(*batch_shape, -1).astype(np.float32)
-                if x.shape[-1] != self.vectors[key]:
-                    raise ValueError(f"observation {key!r} has {x.shape[-1]} values, "
-                                     f"expected {self.vectors[key]}")
                 if not np.all(np.isfinite(x)):
-                    raise ValueError(f"observation {key!r} contains NaN or Inf; check the "
+                    raise ValueError(f"{self._what(key)} contains NaN or Inf; check the "
                                      f"environment or wrap it to clean its observations")
             out[key] = x
         return out
