@@ -109,6 +109,8 @@ class Dreamer:
                 or total_env_steps < 0:
             raise ValueError(f"learn() takes a whole number of env steps >= 0, got "
                              f"{total_env_steps!r}")
+        if self.trainer.collector is None:  # loaded to act with: its run starts now
+            self._start_run()
         self.trainer.cfg.run.steps = self.trainer.counters["env_steps"] + int(total_env_steps)
         self.trainer.run(callback=callback)
         return self
@@ -175,8 +177,8 @@ class Dreamer:
         """An agent saved with `save`, or a run directory's newest checkpoint, on `device`
         when given, else on its own device where this machine has it, else on auto's choice
         (a GPU-trained agent loads on a CPU). Further learning goes to `run_dir`, else to a
-        fresh directory, with an empty replay: the saved run's own files are never written
-        to. With `resume`, `path` is a run directory and learning continues in it, with its
+        fresh directory, made at the first learn(), with an empty replay: the saved run's
+        own files are never written to. With `resume`, `path` is a run directory and learning continues in it, with its
         replay, counters and logs, as `lucid train --resume` does. `env` (a name or an
         instance) replaces the saved env; an agent trained on an env instance needs one,
         since a checkpoint holds only the env's name."""
@@ -197,12 +199,20 @@ class Dreamer:
         cfg.run.device = resumed_device(cfg.run.device, device)
         cfg.run.run_dir = None
         self = cls.__new__(cls)
-        self.cfg = cfg
-        self.trainer = Trainer(cfg, run_dir)
+        self.cfg, self._run_dir = cfg, run_dir
+        self.trainer = Trainer(cfg, learn=False)  # no directory until learn()
         self.trainer.agent.load_state_dict(payload["agent"])
         self.trainer.counters.update(payload.get("counters", {}))
         self.agent = self.trainer.agent
         return self
+
+    def _start_run(self) -> None:
+        """The run of a loaded agent: a directory (run_dir, else a fresh one), env runners
+        and a replay, with the agent's weights, optimiser state and counters."""
+        trainer = Trainer(self.cfg, self._run_dir)
+        trainer.agent.load_state_dict(self.agent.state_dict())
+        trainer.counters.update(self.trainer.counters)
+        self.trainer, self.agent = trainer, trainer.agent
 
     @classmethod
     def _resume(cls, path: Path, run_dir, device: str, env) -> "Dreamer":

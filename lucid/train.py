@@ -218,7 +218,8 @@ class Trainer:
         """A new run in `run_dir` (or cfg.run.run_dir, else a fresh directory under runs/),
         or with `resume` the run saved there, continued with `cfg`'s run.steps and
         run.device. `learn=False` loads a run to evaluate or dream with: its config.yaml
-        stays as it is and no env runners start. `env` (with `resume`) replaces the saved
+        stays as it is and no env runners start (without `resume`, there is no run
+        directory: an agent to act and evaluate with). `env` (with `resume`) replaces the saved
         env id: a run on an env instance (Dreamer(MyEnv())) continues with the instance
         given again."""
         # Data-parallel learners (torchrun): rank 0's run directory is everyone's.
@@ -255,7 +256,9 @@ class Trainer:
         self.cfg = cfg
         self.device = self.dist.device if self.dist else resolve_device(cfg.run.device)
         self.obs_spec, self.act_spec = spaces_of(cfg)  # a bad env fails before any file is written
-        if not resume:
+        if not resume and not learn:  # an agent to act with: no run directory at all
+            self.run_dir = None
+        elif not resume:
             self.run_dir = self._new_run_dir(Path(given) if given else None)
             self._hold()
         if self.rank == 0 and learn:
@@ -550,7 +553,8 @@ class Trainer:
         """One Replay over env.num_envs streams, or with Ray runners a ReplayGroup with one
         part per runner. Data-parallel ranks > 0 keep theirs in replay-rank<r>/."""
         cfg, t = self.cfg, self.cfg.train
-        directory = self.run_dir / ("replay" if self.rank == 0 else f"replay-rank{self.rank}")
+        directory = None if self.run_dir is None else \
+            self.run_dir / ("replay" if self.rank == 0 else f"replay-rank{self.rank}")
         seed = cfg.run.seed + 7919 * self.rank
         # A run loaded to evaluate or dream with (learn=False) reads its newest VIEW_STEPS
         # into memory and writes nothing: a memory-mapped ring may be a live run's.
@@ -564,7 +568,7 @@ class Trainer:
         n = cfg.run.num_runners
         parts = [Replay.for_spaces(self.obs_spec, self.act_spec.dim, capacity // n,
                                    cfg.run.envs_per_runner, seed=seed + 1 + i,
-                                   directory=directory / f"runner-{i}",
+                                   directory=directory and directory / f"runner-{i}",
                                    max_bytes=int(t.replay_max_gb * 2**30) // n, **kw)
                  for i in range(n)]
         return ReplayGroup(parts, seed)

@@ -118,6 +118,10 @@ def test_dreamer_api_learn_predict_save_load(tmp_path):
     assert int(a2) == int(action)
     for p, q in zip(agent.agent.wm.parameters(), again.agent.wm.parameters()):
         assert torch.equal(p, q)
+    assert not (tmp_path / "run2").exists()  # loaded to act with: no directory until learn()
+    again.learn(10)
+    assert again.trainer.counters["env_steps"] == 70 and list_checkpoints(tmp_path / "run2")
+    again.close()
     # saved from a GPU run, loaded on a machine without one: on this CPU
     payload = torch.load(tmp_path / "a.pt", weights_only=True)
     payload["config"] = payload["config"].replace("device: auto", "device: cuda")
