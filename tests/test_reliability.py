@@ -293,8 +293,8 @@ def test_an_env_without_render_mode_names_what_videos_need():
 
 
 @pytest.mark.parametrize("mistake,message", [
-    ("reset_shape", "first observation does not fit its observation_space.*has 3 values, "
-                    "expected 2"),
+    ("reset_shape", r"first observation does not fit its observation_space.*the observation "
+                    r"has shape \(3,\), expected \(2,\)"),
     ("reset_without_info", r"reset\(\) returned ndarray, not \(observation, info\)"),
     ("four_tuple", r"step\(\) returned tuple of 4"),
     ("vector_reward", "returned the reward array.*it must be one number"),
