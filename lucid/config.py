@@ -8,6 +8,7 @@ on the command line as `section.key=value`, e.g. `train.train_ratio=512 model.si
 from __future__ import annotations
 
 import difflib
+import re
 import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -378,8 +379,12 @@ def validate(cfg: Config) -> None:
          "use env.max_episode_steps instead of env.kwargs.max_episode_steps"),
     ]
     for ok, msg in checks:
-        if not ok:
-            raise ConfigError(f"invalid config: {msg}")
+        if not ok:  # the rule, and the values of the keys it names
+            values = flatten(as_dict(cfg))
+            named = dict.fromkeys(k for k in re.findall(r"\b(?:env|model|train|run)\.[a-z_]+",
+                                                        msg) if k in values)
+            got = ", ".join(f"{k}={values[k]!r}" for k in named)
+            raise ConfigError(f"invalid config: {msg}" + (f" (got {got})" if got else ""))
 
 
 def as_dict(cfg: Config) -> dict:

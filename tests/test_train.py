@@ -73,3 +73,6 @@ def test_config_rejects_unknown_keys_with_a_suggestion():
     assert "\n" not in str(bad.value)  # one line, without OmegaConf's internals
     with pytest.raises(ConfigError, match="preset"):
         make_config("cpu-contrl")
+    with pytest.raises(ConfigError, match=r"train.batch_size >= 1 .*\(got train.batch_size=0, "
+                                          r"train.batch_length=64\)"):  # the values given
+        make_config("default", ["train.batch_size=0"])
