@@ -178,10 +178,10 @@ class Dreamer:
         when given, else on its own device where this machine has it, else on auto's choice
         (a GPU-trained agent loads on a CPU). Further learning goes to `run_dir`, else to a
         fresh directory, made at the first learn(), with an empty replay: the saved run's
-        own files are never written to. With `resume`, `path` is a run directory and learning continues in it, with its
-        replay, counters and logs, as `lucid train --resume` does. `env` (a name or an
-        instance) replaces the saved env; an agent trained on an env instance needs one,
-        since a checkpoint holds only the env's name."""
+        own files are never written to. With `resume`, `path` is a run directory and
+        learning continues in it, with its replay, counters and logs, as `lucid train
+        --resume` does. `env` (a name or an instance) replaces the saved env; an agent
+        trained on an env instance needs one, since a checkpoint holds only the env's name."""
         path = Path(path)
         if resume:
             return cls._resume(path, run_dir, device, env)

@@ -165,11 +165,11 @@ def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
     """The env's observation and action specs, and a check that its first reset and step fit
     them: a custom env's mistakes show here, named, before any file is written."""
     env = make_env(cfg.env.id, cfg.env.max_episode_steps, **cfg.env.kwargs)
-    name = env_label(cfg.env.id)
+    label = env_label(cfg.env.id)
     try:
         spaces = [getattr(env, name, None) for name in ("observation_space", "action_space")]
         if not all(isinstance(s, gym.Space) for s in spaces):
-            raise TypeError(f"{name} has no observation_space or action_space (a "
+            raise TypeError(f"{label} has no observation_space or action_space (a "
                             f"gymnasium.spaces.Space each); set both in its __init__")
         obs_spec, act_spec = ObsSpec.from_space(spaces[0]), ActionSpec.from_space(spaces[1])
         try:
@@ -177,25 +177,25 @@ def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
         except Exception:  # noqa: BLE001 - a crashing env: the run restarts it (env.max_restarts)
             return obs_spec, act_spec
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
-            raise TypeError(f"{name}'s reset() returned {type(out).__name__}, not "
+            raise TypeError(f"{label}'s reset() returned {type(out).__name__}, not "
                             f"(observation, info): gymnasium envs return both")
-        _fits(name, obs_spec, spaces[0], out[0], "first observation")
+        _fits(label, obs_spec, spaces[0], out[0], "first observation")
         try:
             out = env.step(spaces[1].sample())
         except Exception:  # noqa: BLE001 - as above
             return obs_spec, act_spec
         if not (isinstance(out, tuple) and len(out) == 5):
-            raise TypeError(f"{name}'s step() returned {type(out).__name__} of "
+            raise TypeError(f"{label}'s step() returned {type(out).__name__} of "
                             f"{len(out) if isinstance(out, tuple) else 1}, not (observation, "
                             f"reward, terminated, truncated, info): gymnasium envs return five")
-        _fits(name, obs_spec, spaces[0], out[0], "observation after step()")
+        _fits(label, obs_spec, spaces[0], out[0], "observation after step()")
         reward, flags = np.asarray(out[1]), [np.asarray(f) for f in out[2:4]]
         if reward.ndim != 0 or not np.issubdtype(reward.dtype, np.number):
-            raise TypeError(f"{name}'s step() returned the reward {out[1]!r}; it must be "
+            raise TypeError(f"{label}'s step() returned the reward {out[1]!r}; it must be "
                             f"one number")
         if any(f.ndim != 0 or not (f.dtype == bool or np.issubdtype(f.dtype, np.integer)
                                    and int(f) in (0, 1)) for f in flags):
-            raise TypeError(f"{name}'s step() returned terminated={out[2]!r}, "
+            raise TypeError(f"{label}'s step() returned terminated={out[2]!r}, "
                             f"truncated={out[3]!r}; both must be bools")
         return obs_spec, act_spec
     finally:
@@ -219,9 +219,9 @@ class Trainer:
         or with `resume` the run saved there, continued with `cfg`'s run.steps and
         run.device. `learn=False` loads a run to evaluate or dream with: its config.yaml
         stays as it is and no env runners start (without `resume`, there is no run
-        directory: an agent to act and evaluate with). `env` (with `resume`) replaces the saved
-        env id: a run on an env instance (Dreamer(MyEnv())) continues with the instance
-        given again."""
+        directory: an agent to act and evaluate with). `env` (with `resume`) replaces the
+        saved env id: a run on an env instance (Dreamer(MyEnv())) continues with the
+        instance given again."""
         # Data-parallel learners (torchrun): rank 0's run directory is everyone's.
         self.dist = distributed.DataParallel(cfg.run.device) if distributed.launched() else None
         self.rank = self.dist.rank if self.dist else 0
