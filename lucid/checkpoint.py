@@ -2,7 +2,8 @@
 
 A checkpoint is `checkpoints/ckpt-<updates>.pt`, loaded with `torch.load(weights_only=True)`
 so that a file can never run code; the replay is persisted beside it as append-only chunk files in
-`replay/` (numpy arrays, loaded without pickle; see lucid/replay.py).
+`replay/` (numpy arrays, loaded without pickle; see lucid/replay.py). torch is imported in
+the functions that use it: `lucid report` writes its page atomically without loading torch.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 import numpy as np
-import torch
 
 FORMAT_VERSION = 1
 
@@ -45,6 +45,8 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
 
 
 def atomic_torch_save(obj, path: Path) -> None:
+    import torch
+
     def write(f):
         torch.save(obj, f)
         if os.environ.get("LUCID_TEST_KILL_IN_CHECKPOINT"):  # fault injection for tests
@@ -117,6 +119,7 @@ def _fsync_dir(d: Path) -> None:
 
 
 def rng_state() -> dict:
+    import torch
     return {
         "python": _encode_py_state(random.getstate()),
         "numpy": _encode_np_state(np.random.get_state()),
@@ -125,6 +128,7 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    import torch
     random.setstate(_decode_py_state(state["python"]))
     np.random.set_state(_decode_np_state(state["numpy"]))
     torch.set_rng_state(state["torch"])
@@ -167,6 +171,7 @@ def save_checkpoint(run_dir: Path, payload: dict, keep: int = 3) -> Path:
 
 
 def load_checkpoint(path: Path, map_location="cpu") -> dict:
+    import torch
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory, not a checkpoint file; "
