@@ -59,7 +59,8 @@ class Agent:
         if t.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"train.cuda_graph=true needs a CUDA device, not {self.device}: "
                              f"use --device cuda, or train.cuda_graph=false")
-        self.wm = WorldModel(obs_spec, act_spec.dim, m).to(self.device)
+        self.wm = WorldModel(obs_spec, act_spec.dim, m,
+                             continuous=act_spec.discrete is None).to(self.device)
         if self.wm.encoder.cnn is not None:
             self.wm.encoder.cnn.channels_last = t.channels_last
         self.actor = Actor(self.wm.feat_dim, act_spec, m).to(self.device)

@@ -1,8 +1,11 @@
 """Typed configuration (OmegaConf structured dataclasses), model sizes and presets.
 
-The defaults are the 2023 paper's settings (arXiv 2301.04104v1). Presets only shrink what a
-CPU can afford (model size, batch, train ratio); they never change the maths. Override any key
-on the command line as `section.key=value`, e.g. `train.train_ratio=512 model.size=S`.
+The defaults are the 2023 paper's settings (arXiv 2301.04104v1). The suite presets take the
+paper's sizes and train ratios. The CPU presets shrink what a CPU can afford (model size,
+batch, train ratio) and, as docs/presets.md states, also raise the learning rates and add the
+Nature recipe's replay value loss; every change is a config key, so the paper's settings stay
+one override away. Override any key on the command line as `section.key=value`, e.g.
+`train.train_ratio=512 model.size=S`.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class ModelConfig:
     bins_high: float = 20.0
     actor_min_std: float = 0.1
     actor_max_std: float = 1.0
+    action_clip: float = 1.0
 
     def dims(self) -> dict[str, int]:
         if self.size not in SIZES:
@@ -372,6 +376,7 @@ def validate(cfg: Config) -> None:
          "model.num_bins must be >= 2 and model.bins_low < model.bins_high"),
         (0 < cfg.model.actor_min_std <= cfg.model.actor_max_std,
          "model.actor_min_std must be in (0, model.actor_max_std]"),
+        (cfg.model.action_clip >= 0, "model.action_clip must be >= 0 (0 = off)"),
         ("render_mode" not in cfg.env.kwargs,
          "env.kwargs.render_mode is lucid's to set (rgb_array in the env that records videos, "
          "none in training envs); remove it"),

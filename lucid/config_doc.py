@@ -50,6 +50,10 @@ DESCRIPTIONS: dict[str, str] = {
     "model.bins_high": "highest bin, in symlog space",
     "model.actor_min_std": "lower bound of the actor's std for continuous actions",
     "model.actor_max_std": "upper bound of the actor's std for continuous actions",
+    "model.action_clip": "continuous actions entering the RSSM are scaled to at most this "
+                         "magnitude per dimension, a · sg(c / max(c, |a|)) (the authors' "
+                         "rssm.action_clip; the env gets actions clipped to its bounds "
+                         "anyway); 0 = off",
     "train.batch_size": "B: replayed windows per update",
     "train.batch_length": "T: steps per replayed window",
     "train.horizon": "H: imagined steps from every posterior state",

@@ -109,13 +109,15 @@ class Decoder(nn.Module):
 class WorldModel(nn.Module):
     skip_resets = True  # observe(): skip resets where no row starts (reads flags to the host)
 
-    def __init__(self, spec: ObsSpec, action_dim: int, mcfg: ModelConfig):
+    def __init__(self, spec: ObsSpec, action_dim: int, mcfg: ModelConfig,
+                 continuous: bool = False):
         super().__init__()
         dims = mcfg.dims()
         self.dims = dims
         self.spec = spec
         self.action_dim = action_dim
         self.unimix = mcfg.unimix
+        self.action_clip = mcfg.action_clip if continuous else 0.0  # one-hots are within 1
         D, U = dims["gru_units"], dims["dense_units"]
         G, K = dims["latent_groups"], dims["latent_classes"]
         self.G, self.K, self.D = G, K, D
@@ -174,7 +176,12 @@ class WorldModel(nn.Module):
         return self._latent_logp(self.post_out(rest(e_part + F.linear(h, w_h))))
 
     def sequence(self, h: torch.Tensor, z: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        """h' = GRU(dense([z, a]), h); z one-hot (N, G, K) or class indices (N, G)."""
+        """h' = GRU(dense([z, a]), h); z one-hot (N, G, K) or class indices (N, G). Continuous
+        actions enter scaled to at most `action_clip` per dimension (the scale carries no
+        gradient): a sampled Normal action can lie beyond the env's bounds."""
+        if self.action_clip > 0:
+            c = self.action_clip
+            action = action * (c / action.abs().clamp(min=c)).detach()
         if not z.is_floating_point():
             return self.gru(self.seq_in(OneHotCat(action, z, self.K, at=0)), h)
         return self.gru(self.seq_in(torch.cat([z.flatten(-2), action], -1)), h)

@@ -796,3 +796,24 @@ def test_world_model_memorises_one_episode_open_loop():
     assert ratio.max() < 0.8, (err, baseline)
     assert np.abs(torch.stack(pred_rew).numpy() - 1.0).max() < 0.1  # every step pays 1
     assert torch.stack(pred_cont).min().item() > 0.5  # and the episode continues
+
+
+def test_continuous_actions_enter_the_rssm_clipped_with_the_gradient_scaled():
+    torch.manual_seed(0)
+    agent = Agent(VEC, BOX, cfg())
+    wm = agent.wm
+    assert wm.action_clip == 1.0 and Agent(VEC, DISCRETE, cfg()).wm.action_clip == 0.0
+    h, z = torch.randn(2, wm.D), torch.eye(wm.K)[torch.randint(0, wm.K, (2, wm.G))]
+    a = torch.tensor([[3.0, -0.5], [-2.0, 0.25]], requires_grad=True)
+    out = wm.sequence(h, z, a)
+    # by hand: a · 1/max(1, |a|) gives [1, -0.5], [-1, 0.25]; the GRU sees these
+    inside = torch.tensor([[1.0, -0.5], [-1.0, 0.25]], requires_grad=True)
+    want = wm.gru(wm.seq_in(torch.cat([z.flatten(-2), inside], -1)), h)
+    torch.testing.assert_close(out, want)
+    # the scale carries no gradient: d/da = (1/max(1, |a|)) · d/d(inside)
+    out.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(a.grad, inside.grad / torch.tensor([[3.0, 1.0], [2.0, 1.0]]))
+    off = Agent(VEC, BOX, cfg(model={"action_clip": 0.0})).wm
+    off.load_state_dict(wm.state_dict())
+    assert not torch.allclose(off.sequence(h, z, a), out)  # 0 turns it off
