@@ -106,11 +106,22 @@ def train(
         _fail(exc)
     typer.echo(f"run directory: {trainer.run_dir}  (preset {trainer.cfg.preset}, "
                f"size {trainer.cfg.model.size}, {trainer.cfg.run.steps} env steps)")
+    if resume and trainer.counters["env_steps"] >= trainer.cfg.run.steps:
+        trainer.close()
+        typer.echo(f"note: the run has its {trainer.cfg.run.steps} env steps already; "
+                   f"train further with --resume {resume} --steps N (N > "
+                   f"{trainer.counters['env_steps']})")
+        return
     try:
         try:
             trainer.run()
         except (EnvError, NonFiniteError, DiskFullError) as exc:  # each leaves a checkpoint
             _fail(exc)
+        if trainer.signalled is not None:  # Ctrl-C or SIGTERM: saved; say so, exit 128 + N
+            typer.echo(f"interrupted at {trainer.counters['env_steps']} of "
+                       f"{trainer.cfg.run.steps} env steps, with a checkpoint; continue with "
+                       f"{trainer.resume_hint()}", err=True)
+            raise typer.Exit(128 + trainer.signalled)
         # not after Ctrl-C; data-parallel: rank 0 only
         if trainer.cfg.run.videos and not trainer._stop and trainer.rank == 0:
             from .report import finish_run
@@ -213,8 +224,8 @@ def dream_cmd(run_dir: str,
     from .video import dream_video, write_video
     if out and Path(out).suffix.lower() not in (".mp4", ".gif"):
         _fail(f"--out must end in .mp4 or .gif, got {out!r}")
-    if min(horizon, rows) < 1 or context < 0 or fps <= 0:
-        _fail(f"--horizon and --rows must be >= 1, --context >= 0 and --fps > 0 (got "
+    if min(horizon, rows, context) < 1 or fps <= 0:
+        _fail(f"--horizon, --rows and --context must be >= 1 and --fps > 0 (got "
               f"{horizon}, {rows}, {context}, {fps})")
     trainer = _load_run(run_dir)
     try:

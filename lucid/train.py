@@ -70,10 +70,11 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-# What a checkpoint fixes: the agent's shapes (model), and the replay's env streams and
-# spaces (env, runners). A hand edit of these in config.yaml cannot be resumed.
-_FIXED_ON_RESUME = ("model", "env.id", "env.kwargs", "env.num_envs", "run.runners",
-                    "run.num_runners", "run.envs_per_runner")
+# What a checkpoint fixes: the agent's shapes (model), and the replay's env streams (env,
+# runners). A hand edit of these in config.yaml cannot be resumed. env.kwargs may change (a
+# bad kwarg fixed): spaces that no longer fit are refused when the checkpoint is loaded.
+_FIXED_ON_RESUME = ("model", "env.id", "env.num_envs", "run.runners", "run.num_runners",
+                    "run.envs_per_runner")
 
 
 def check_resumable(saved: Config, cfg: Config, where: Path) -> None:
@@ -148,7 +149,11 @@ def claim_run_dir(given: Path | None, cfg: Config) -> Path:
                 f"{given} already holds a run ({', '.join(held)}); continue it with "
                 f"`lucid train --resume {given}` (or Dreamer.load), or give another run "
                 f"directory. Nothing was written")
-        given.mkdir(parents=True, exist_ok=True)
+        try:
+            given.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError, PermissionError) as exc:
+            raise ConfigError(f"cannot make the run directory {given}: {exc.strerror} "
+                              f"({exc.filename}); give another --run-dir") from None
         return given
     base = default_run_dir(cfg)
     base.parent.mkdir(parents=True, exist_ok=True)
@@ -281,6 +286,7 @@ class Trainer:
         self._restarts_before = self.counters["env_restarts"]
         self.recent: list[float] = []
         self._stop = False
+        self.signalled: int | None = None  # SIGINT / SIGTERM that stopped the last run()
         self._batches: Prefetcher | None = None  # the learner's batch source, made by run()
 
     def _hold(self) -> None:
@@ -364,7 +370,8 @@ class Trainer:
         restored = self.replay.restore(set_aside=self._learn)
         if self.rank == 0:  # other ranks keep their own sampling streams
             self.replay.rng.bit_generator.state = payload["replay_rng"]
-        print(f"resumed from {path} at {self.counters['env_steps']} env steps, "
+        print(f"{'resumed from' if self._learn else 'loaded'} {path} at "
+              f"{self.counters['env_steps']} env steps, "
               f"{self.counters['updates']} updates; replay holds {restored} steps per env")
         if self._learn and self.rank == 0:  # rows a killed run logged after its checkpoint
             self._purge_logs_after = self.counters["env_steps"]
@@ -384,6 +391,7 @@ class Trainer:
         if self._stop:  # the second Ctrl-C: stop now (still with a checkpoint)
             raise KeyboardInterrupt
         self._stop = True
+        self.signalled = signum  # for the caller: `lucid train` reports it and exits 128 + N
 
     def run(self, callback=None) -> Path:
         """Train until `run.steps` env steps (or the time limit, the target return, SIGINT /
@@ -397,7 +405,7 @@ class Trainer:
             print(f"note: run.steps={cfg.run.steps} ends within the {t.prefill} random-action "
                   f"steps of train.prefill, so no update will be made; raise --steps or lower "
                   f"train.prefill")
-        self._stop = False
+        self._stop, self.signalled = False, None
         logger = Logger(self.run_dir, progress=cfg.run.progress, total_steps=cfg.run.steps,
                         start_steps=c["env_steps"], config=cfg,
                         purge_after=self._purge_logs_after) \

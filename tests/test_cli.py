@@ -52,6 +52,14 @@ def test_train_then_eval_then_resume(tmp_path):
     last = json.loads((tmp_path / "metrics.jsonl").read_text().strip().splitlines()[-1])
     assert last["env_steps"] == 60
     assert "device: cpu" in (tmp_path / "config.yaml").read_text()  # --device is taken
+    # a run that has its steps already says so and trains nothing
+    r = runner.invoke(app, ["train", "--resume", str(tmp_path)])
+    assert r.exit_code == 0 and "has its 60 env steps already" in r.output, r.output
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().strip().splitlines()[-1]) == last
+    # a run directory inside a file is one line, not a traceback
+    (tmp_path.parent / "afile").write_text("")
+    r = runner.invoke(app, ["train", "--run-dir", str(tmp_path.parent / "afile" / "sub")])
+    assert r.exit_code == 2 and "cannot make the run directory" in r.output, r.output
 
 
 def test_paper_cartpole_preset_runs_at_its_size_and_train_ratio(tmp_path):
@@ -109,7 +117,7 @@ def test_bad_command_line_values_are_one_line_errors(tmp_path):
     cases = [
         (["eval", str(tmp_path), "--episodes", "0"], "--episodes must be >= 1"),
         (["dream", str(tmp_path), "--out", "d.avi"], "--out must end in .mp4 or .gif"),
-        (["dream", str(tmp_path), "--rows", "0"], "--horizon and --rows must be >= 1"),
+        (["dream", str(tmp_path), "--rows", "0"], "--horizon, --rows and --context must be >= 1"),
         (["plot", str(tmp_path), "--out", str(tmp_path)], "is a directory"),
         (["train", "model.size"], "write model.size=VALUE"),
         (["eval", str(tmp_path / "nothing")], "not a lucid run"),

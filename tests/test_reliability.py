@@ -582,7 +582,8 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
         time.sleep(rng.uniform(0.3, 2.5))
         if i == 5:  # the last kill lands in the middle of a checkpoint write
             proc.send_signal(signal.SIGINT)  # SIGINT saves a checkpoint and exits cleanly
-            assert proc.wait(60) == 0
+            assert proc.wait(60) == 128 + signal.SIGINT  # saved, said so, exit status 130
+            assert "interrupted at " in Path(tmp_path / "log5").read_text()
             proc = _start(run_dir, tmp_path / "log-torn", {**env, "LUCID_TEST_KILL_IN_CHECKPOINT": "1"})
             assert proc.wait(120) == -signal.SIGKILL
             assert list((run_dir / "checkpoints").glob("*.tmp")), "no torn checkpoint left"
@@ -600,7 +601,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
         assert f"replay holds {on_disk.count} steps" in line, line
     time.sleep(3)
     proc.send_signal(signal.SIGTERM)  # SIGTERM also saves and exits cleanly
-    assert proc.wait(60) == 0
+    assert proc.wait(60) == 128 + signal.SIGTERM
     final, _ = load_latest(run_dir)
     history.append((final["counters"]["env_steps"], final["counters"]["updates"]))
     steps = [h[0] for h in history]
