@@ -11,7 +11,8 @@ from typing import List, NoReturn, Optional
 
 import typer
 
-from .config import PRESETS, SIZES, Config, ConfigError, logger_backends, make_config, to_yaml
+from .config import (PRESETS, SIZES, Config, ConfigError, _suggest, logger_backends, make_config,
+                     to_yaml)
 from .envs import default_preset
 
 app = typer.Typer(add_completion=False, no_args_is_help=False,
@@ -33,7 +34,8 @@ def _build(env: str, preset: Optional[str], size: Optional[str], steps: Optional
     sections: dict = {"env": {"id": env}, "run": {}, "model": {}}
     if size:
         if size not in SIZES:
-            raise ConfigError(f"unknown --size {size!r}; choose one of {', '.join(SIZES)}")
+            raise ConfigError(f"unknown --size {size!r}; choose one of {', '.join(SIZES)}"
+                              + _suggest(size, SIZES))
         sections["model"]["size"] = size
     for key, val in (("steps", steps), ("seed", seed), ("run_dir", run_dir), ("device", device)):
         if val is not None:
@@ -171,10 +173,17 @@ def eval_cmd(run_dir: str, episodes: int = typer.Option(10), sampled: bool = Fal
 
 
 @app.command("config")
-def config_cmd(preset: str = typer.Option("default"), overrides: List[str] = typer.Argument(None)):
-    """Print the resolved config of a preset with overrides."""
+def config_cmd(args: List[str] = typer.Argument(None, help="[ENV] section.key=value ...",
+                                                metavar="[ENV] [OVERRIDES]..."),
+               preset: Optional[str] = typer.Option(None, help="default: the env's, as "
+                                                    "lucid train picks it"),
+               size: Optional[str] = typer.Option(None, help="model size")):
+    """Print the config that `lucid train` with the same ENV, --preset, --size and
+    section.key=value overrides would run with."""
+    args = list(args or [])
+    env = args.pop(0) if args and "=" not in args[0] else DEFAULT_ENV
     try:
-        typer.echo(to_yaml(make_config(preset, overrides or [])))
+        typer.echo(to_yaml(_build(env, preset, size, None, None, None, None, args)))
     except ConfigError as exc:
         _fail(exc)
 

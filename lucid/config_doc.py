@@ -215,8 +215,8 @@ def render() -> str:
         "(`null`, `true`, numbers, `[a,b]` lists). Precedence: dataclass default < preset < "
         "command-line options (`--steps`, `--size`, ...) < overrides. An unknown key is refused "
         "with the closest valid key named, a value of the wrong type with its key and the "
-        "type it needs; `lucid config --preset "
-        "NAME [overrides]` prints the resolved config, and every run keeps its own in "
+        "type it needs; `lucid config [ENV] [--preset NAME] [--size S] [overrides]` prints "
+        "the config `lucid train` would run with, and every run keeps its own in "
         "`RUN_DIR/config.yaml`.\n",
         "## Top level\n",
         "| key | type | default | description |\n|---|---|---|---|\n"

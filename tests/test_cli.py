@@ -12,6 +12,19 @@ def test_unknown_config_key_is_refused_with_the_closest_key():
     r = runner.invoke(app, ["config", "train.batch_sise=4"])
     assert r.exit_code == 2
     assert "train.batch_sise" in r.output and "train.batch_size" in r.output
+    r = runner.invoke(app, ["train", "--size", "XXL"])
+    assert r.exit_code == 2 and "did you mean 'XL'" in r.output, r.output
+
+
+def test_config_prints_what_train_would_run_with():
+    r = runner.invoke(app, ["config"])  # lucid train's default: CartPole-v1 on cpu-control
+    assert r.exit_code == 0 and "preset: cpu-control" in r.output and "id: CartPole-v1" in r.output
+    r = runner.invoke(app, ["config", "atari:Pong", "--size", "nano", "train.batch_size=3"])
+    assert r.exit_code == 0, r.output
+    assert "preset: atari" in r.output and "id: atari:Pong" in r.output
+    assert "size: nano" in r.output and "batch_size: 3" in r.output
+    r = runner.invoke(app, ["config", "--preset", "paper-cartpole"])
+    assert r.exit_code == 0 and "train_ratio: 1024" in r.output
 
 
 def test_unknown_env_is_refused_with_a_suggestion(tmp_path):
