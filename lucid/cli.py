@@ -108,6 +108,11 @@ def train(
         _fail(exc)
     typer.echo(f"run directory: {trainer.run_dir}  (preset {trainer.cfg.preset}, "
                f"size {trainer.cfg.model.size}, {trainer.cfg.run.steps} env steps)")
+    if not (resume or preset) and trainer.device.type == "cpu" \
+            and not trainer.cfg.preset.startswith("cpu-"):
+        typer.echo(f"note: preset {trainer.cfg.preset} is the paper's setting (train ratio "
+                   f"{trainer.cfg.train.train_ratio:g}), slow on a CPU; for a small task try "
+                   f"--preset cpu-control (vector observations) or cpu-pixels (images)")
     if resume and trainer.counters["env_steps"] >= trainer.cfg.run.steps:
         trainer.close()
         typer.echo(f"note: the run has its {trainer.cfg.run.steps} env steps already; "

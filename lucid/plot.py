@@ -47,7 +47,9 @@ def pyplot():
 
 def save_figure(fig, path: str | Path, dpi: int) -> Path:
     """Lay out, write (making the folder) and close a figure; returns the path."""
-    fig.tight_layout()
+    with warnings.catch_warnings():  # a long legend: matplotlib lays out what it can
+        warnings.simplefilter("ignore", UserWarning)
+        fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
@@ -105,8 +107,10 @@ def group_runs(runs: Sequence[Run]) -> dict[str, list[Run]]:
         cfg = dict(key)
         if len(keys) == 1 or not differing:
             label = str(groups[key][0].config.get("env.id", groups[key][0].path.name))
-        else:
-            label = ", ".join(f"{k}={_unrepr(cfg.get(k))}" for k in differing)
+        else:  # the env first, then at most three other keys
+            keys = sorted(differing, key=lambda k: k != "env.id")
+            label = ", ".join(f"{k}={_unrepr(cfg.get(k))}" for k in keys[:3])
+            label += f", +{len(keys) - 3} more" if len(keys) > 3 else ""
         n = len(groups[key])
         label = f"{label} ({n} seed{'s' if n != 1 else ''})"
         while label in labels:

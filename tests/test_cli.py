@@ -16,6 +16,14 @@ def test_unknown_config_key_is_refused_with_the_closest_key():
     assert r.exit_code == 2 and "did you mean 'XL'" in r.output, r.output
 
 
+def test_a_paper_preset_on_a_cpu_comes_with_a_hint(tmp_path):
+    r = runner.invoke(app, ["train", "examples.custom_env:MyEnv", "--size", "nano", "--steps",
+                            "0", "--run-dir", str(tmp_path), "--device", "cpu",
+                            "run.videos=false", "run.progress=false"])
+    assert r.exit_code == 0, r.output
+    assert "note: preset default is the paper's setting" in r.output and "cpu-control" in r.output
+
+
 def test_config_prints_what_train_would_run_with():
     r = runner.invoke(app, ["config"])  # lucid train's default: CartPole-v1 on cpu-control
     assert r.exit_code == 0 and "preset: cpu-control" in r.output and "id: CartPole-v1" in r.output
@@ -39,6 +47,7 @@ def test_train_then_eval_then_resume(tmp_path):
             "train.horizon=3", "train.train_ratio=16", "run.progress=false"]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
+    assert "note: preset" not in r.output  # CartPole's default preset is a CPU one
     cfg = (tmp_path / "config.yaml").read_text()
     assert "batch_length: 8" in cfg and "size: nano" in cfg
     # a run trained on a GPU evaluates on a machine without one: on this CPU, with a note
@@ -83,6 +92,7 @@ def test_paper_cartpole_preset_runs_at_its_size_and_train_ratio(tmp_path):
             "run.logger=none", "run.videos=false"]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
+    assert "note: preset" not in r.output  # CartPole's default preset is a CPU one
     cfg = (tmp_path / "config.yaml").read_text()
     assert "size: XS" in cfg and "train_ratio: 1024" in cfg and "batch_length: 64" in cfg
     last = json.loads((tmp_path / "metrics.jsonl").read_text().strip().splitlines()[-1])

@@ -542,6 +542,8 @@ def test_custom_env_example_loads_from_the_working_directory(monkeypatch):
         assert trunc and not term
     with pytest.raises(UnknownEnvError, match="module.path:EnvClass"):
         make_env("examples.custom_env:NoSuchEnv")
+    with pytest.raises(UnknownEnvError, match="No module named 'no_such_mod'.*PYTHONPATH"):
+        make_env("no_such_mod:MyEnv")
 
 
 # --------------------------------------------------------------------------- vector envs

@@ -254,6 +254,16 @@ def test_plot_groups_seeds_of_one_config(runs, tmp_path):
     assert {r.path for r in two} == set(runs)
     label = next(k for k, v in groups.items() if len(v) == 2)
     assert "train.train_ratio=8" in label and "2 seeds" in label
+    far = tmp_path / "far"  # another env and four other keys: the env first, three keys at most
+    shutil.copytree(runs[1], far)
+    cfg = (far / "config.yaml").read_text().replace("id: CartPole-v1", "id: Pendulum-v1")
+    for old, new in (("train_ratio: 8", "train_ratio: 4"), ("batch_size: 2", "batch_size: 3"),
+                     ("batch_length: 8", "batch_length: 9"), ("horizon: 5", "horizon: 4")):
+        assert old in cfg
+        cfg = cfg.replace(old, new)
+    (far / "config.yaml").write_text(cfg)
+    labels = list(group_runs([load_run(runs[0]), load_run(far)]))
+    assert all(lab.startswith("env.id=") and ", +2 more (1 seed)" in lab for lab in labels), labels
     grid, mean, low, high, count = group_curve(two)
     ok = count == 2
     assert ok.any() and np.all(low[ok] <= mean[ok] + 1e-9) and np.all(mean[ok] <= high[ok] + 1e-9)

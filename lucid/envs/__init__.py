@@ -179,6 +179,9 @@ def _user_env(spec: str, **kwargs) -> gym.Env:
                 "this run was trained from Python on an env instance (Dreamer(MyEnv())), which "
                 "no other process can rebuild; load it with Dreamer.load(path, env=MyEnv())") from None
         suites = ", ".join(f"{p}:" for p in SUITES)
+        if isinstance(exc, ModuleNotFoundError):
+            exc = f"{exc} (modules are imported from the current directory and PYTHONPATH: " \
+                  f"run from the directory that holds it, or add that to PYTHONPATH)"
         raise UnknownEnvError(f"cannot load environment {spec!r}: {exc}; use "
                               f"`module.path:EnvClass` or `module.path:make_fn`, or a suite "
                               f"prefix ({suites})") from None
