@@ -16,7 +16,26 @@ from .config import (PRESETS, SIZES, Config, ConfigError, _suggest, logger_backe
 from .envs import default_preset
 
 app = typer.Typer(add_completion=False, no_args_is_help=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="DreamerV3 world-model agents. `lucid train` learns CartPole-v1 on a CPU.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+        typer.echo(f"lucid {__version__} (torch {_torch_version()})")
+        raise typer.Exit()
+
+
+def _torch_version() -> str:
+    from importlib.metadata import version
+    return version("torch")
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_print_version,
+                                       is_eager=True, help="print the version and exit")):
+    pass  # the commands below; --version is handled by its callback
 
 DEFAULT_ENV = "CartPole-v1"
 
@@ -144,7 +163,7 @@ def train(
                     writer.close()
     finally:
         trainer.close()
-    typer.echo(f"done: {trainer.counters}")
+    typer.echo(f"done: {json.dumps(trainer.counters)}")
 
 
 def _load_run(run_dir: str):

@@ -22,6 +22,16 @@ def test_a_paper_preset_on_a_cpu_comes_with_a_hint(tmp_path):
                             "run.videos=false", "run.progress=false"])
     assert r.exit_code == 0, r.output
     assert "note: preset default is the paper's setting" in r.output and "cpu-control" in r.output
+    done = json.loads(r.output.strip().splitlines()[-1].removeprefix("done: "))  # JSON, too
+    assert done["env_steps"] == 0
+
+
+def test_version_and_short_help():
+    import lucid
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.startswith(f"lucid {lucid.__version__} (torch ")
+    r = runner.invoke(app, ["train", "-h"])
+    assert r.exit_code == 0 and "--resume" in r.output
 
 
 def test_config_prints_what_train_would_run_with():
