@@ -39,7 +39,7 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.filename is None:  # torch.save and np.savez
-            exc.filename = str(path)  # leave it out; the message names the file
+            exc.filename = str(path)  # leave it out: name the file for the message
         raise
     _fsync_dir(path.parent)
 

@@ -232,7 +232,6 @@ class Trainer:
         self.rank = self.dist.rank if self.dist else 0
         self._learn = learn
         self._purge_logs_after: int | None = None  # a resumed run's logs past its checkpoint
-        self._loaded: tuple[dict, Path] | None = None  # the checkpoint a resume reads
         self._lock: ckpt.RunLock | None = None  # a learning rank 0's, from _hold() to close()
         try:
             self._build(cfg, run_dir or cfg.run.run_dir, resume, learn, env)
@@ -246,11 +245,11 @@ class Trainer:
             if self.dist is not None:
                 self.run_dir = Path(self.dist.broadcast_object(str(self.run_dir)))
             self._hold()  # before anything in the directory is read, renamed or written
-            saved = self._saved_config()
+            saved, loaded = self._saved_config()
             # The checkpoint is read now, so that a config.yaml it does not fit is refused
             # before anything is written (it is the config-recovery path's, when that ran).
-            self._loaded = self._loaded or ckpt.load_latest(self.run_dir, set_aside=learn)
-            payload, found = self._loaded
+            loaded = loaded or ckpt.load_latest(self.run_dir, set_aside=learn)
+            payload, found = loaded
             check_resumable(from_yaml(payload["config"], where=f"the config stored in {found}"),
                             saved, self.run_dir / "config.yaml")
             if env is not None:
@@ -279,7 +278,7 @@ class Trainer:
                          "nonfinite_updates": 0, "env_restarts": 0}
         self.achievements = AchievementTracker()  # Crafter score and success rates
         if resume:
-            self._restore()
+            self._restore(*loaded)
         if self.dist is not None:
             self.dist.attach(self.agent)  # rank 0's parameters; gradients averaged over ranks
         self.collector = self._make_collector() if learn else None
@@ -316,13 +315,13 @@ class Trainer:
             raise claim
         return Path(claim)
 
-    def _saved_config(self) -> Config:
+    def _saved_config(self) -> tuple[Config, tuple[dict, Path] | None]:
         """The run's config.yaml, or where that file is missing or empty (a disk that filled
-        up), the config stored in its newest checkpoint."""
+        up), the config stored in its newest checkpoint; and that checkpoint, when read."""
         path = self.run_dir / "config.yaml"
         text = path.read_text() if path.is_file() else ""
         if text.strip():
-            return from_yaml(text, where=str(path))
+            return from_yaml(text, where=str(path)), None
         if self.run_dir.is_file():
             raise FileNotFoundError(f"{self.run_dir} is a file; give the run's directory "
                                     f"(the one that holds config.yaml and checkpoints/)")
@@ -330,11 +329,10 @@ class Trainer:
             raise FileNotFoundError(
                 f"{self.run_dir} is not a lucid run: it has no config.yaml and no checkpoints/"
                 + ("" if self.run_dir.is_dir() else " (the directory does not exist)"))
-        self._loaded = ckpt.load_latest(self.run_dir, set_aside=self._learn)
-        payload, found = self._loaded
+        payload, found = loaded = ckpt.load_latest(self.run_dir, set_aside=self._learn)
         print(f"note: {path} is {'empty' if path.is_file() else 'missing'}; using the config "
               f"stored in {found}")
-        return from_yaml(payload["config"], where=f"the config stored in {found}")
+        return from_yaml(payload["config"], where=f"the config stored in {found}"), loaded
 
     # ------------------------------------------------------------------ persistence
 
@@ -359,9 +357,8 @@ class Trainer:
         with self.replay.lock:  # not while a prefetch thread is drawing from it
             return self.replay.rng.bit_generator.state
 
-    def _restore(self) -> None:
-        payload, path = self._loaded  # read in __init__ (on the CPU)
-        self._loaded = None
+    def _restore(self, payload: dict, path: Path) -> None:
+        """The checkpoint `payload` (read on the CPU by _build) and the replay on disk."""
         self.agent.load_state_dict(payload["agent"])
         self.counters.update(payload["counters"])
         ckpt.set_rng_state(payload["rng"])

@@ -74,25 +74,22 @@ class ObsSpec:
                             "observation to learn from")
         for key, sub in items:
             where = f" at key {key!r}" if key else ""
-            if isinstance(sub, (gym.spaces.Box, gym.spaces.Discrete)):
-                name = key or ("image" if isinstance(sub, gym.spaces.Box) and _is_image(sub)
-                               else "vector")
-                spec.shapes[name] = tuple(int(d) for d in sub.shape)
-            if isinstance(sub, gym.spaces.Box):
-                if not _is_image(sub) and (why := _looks_like_a_misshaped_image(sub)):
-                    raise TypeError(f"the observation{where} looks like {why}")
-                if _is_image(sub):
-                    spec.images[key or "image"] = tuple(int(s) for s in sub.shape)
-                    spec.image_scale[key or "image"] = _image_scale(sub, where)
-                else:
-                    spec.vectors[key or "vector"] = int(np.prod(sub.shape))
-            elif isinstance(sub, gym.spaces.Discrete):
-                spec.vectors[key or "vector"] = int(sub.n)
-                spec.discrete[key or "vector"] = int(sub.n)
-                spec.discrete_start[key or "vector"] = int(sub.start)
-            else:
+            if not isinstance(sub, (gym.spaces.Box, gym.spaces.Discrete)):
                 raise TypeError(f"unsupported observation space {sub}{where}; "
                                 f"lucid supports {SUPPORTED_OBS}")
+            image = isinstance(sub, gym.spaces.Box) and _is_image(sub)
+            name = key or ("image" if image else "vector")  # one observation's own name
+            spec.shapes[name] = tuple(int(d) for d in sub.shape)
+            if image:
+                spec.images[name] = spec.shapes[name]
+                spec.image_scale[name] = _image_scale(sub, where)
+            elif isinstance(sub, gym.spaces.Box):
+                if why := _looks_like_a_misshaped_image(sub):
+                    raise TypeError(f"the observation{where} looks like {why}")
+                spec.vectors[name] = int(np.prod(sub.shape))
+            else:
+                spec.vectors[name] = spec.discrete[name] = int(sub.n)
+                spec.discrete_start[name] = int(sub.start)
         if len({s[:2] for s in spec.images.values()}) > 1:
             raise ValueError(f"all image observations must share one height and width, got "
                              f"{spec.images}; resize them with a wrapper")
