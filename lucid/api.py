@@ -25,24 +25,22 @@ from .train import Trainer, resumed_device
 from .world_model import State
 
 
-_INSTANCES: dict[str, Any] = {}
+_INSTANCES: dict[str, Any] = {}  # name -> a pristine copy of an env instance given to Dreamer
 
 
 def _instance_factory(name: str):
-    """A `module:Attr` constructor for an env instance given to Dreamer: the training env is
-    the instance itself; evaluation envs are deep copies of it."""
+    """A `module:Attr` constructor for an env instance given to Dreamer: every env made from
+    it (the start-up check's, which is closed after one step, the training env's and each
+    evaluation env's) is a fresh deep copy of the instance as it was given, never reset,
+    stepped or closed."""
     def make(**kwargs):
-        env, used = _INSTANCES[name]
-        if used:
-            return copy.deepcopy(env)
-        _INSTANCES[name] = (env, True)
-        return env
+        return copy.deepcopy(_INSTANCES[name])
     return make
 
 
 def _register_instance(env) -> str:
     name = f"{INSTANCE_PREFIX.partition(':')[2]}{len(_INSTANCES)}_{type(env.unwrapped).__name__}"
-    _INSTANCES[name] = (copy.deepcopy(env), False)  # a pristine copy: make() hands it out
+    _INSTANCES[name] = copy.deepcopy(env)  # the caller's object is never used or closed
     globals()[name] = _instance_factory(name)
     return f"{__name__}:{name}"
 
@@ -96,8 +94,10 @@ class Dreamer:
         if size:
             sections.setdefault("model", {})["size"] = size
         sections.setdefault("run", {}).setdefault("progress", False)
-        self.cfg = make_config(preset, **sections)
-        self.trainer = Trainer(self.cfg, run_dir)
+        self.cfg, self._run_dir = make_config(preset, **sections), run_dir
+        # An agent to act with until the first learn(), which claims the run directory:
+        # constructing one to predict, evaluate or save writes no files.
+        self.trainer = Trainer(self.cfg, learn=False)
         self.agent = self.trainer.agent
 
     def learn(self, total_env_steps: int, callback=None) -> "Dreamer":
@@ -109,7 +109,7 @@ class Dreamer:
                 or total_env_steps < 0:
             raise ValueError(f"learn() takes a whole number of env steps >= 0, got "
                              f"{total_env_steps!r}")
-        if self.trainer.collector is None:  # loaded to act with: its run starts now
+        if self.trainer.collector is None:  # made or loaded to act with: its run starts now
             self._start_run()
         self.trainer.cfg.run.steps = self.trainer.counters["env_steps"] + int(total_env_steps)
         self.trainer.run(callback=callback)
@@ -161,8 +161,9 @@ class Dreamer:
                            "counters": dict(self.trainer.counters)}, Path(path))
 
     def close(self) -> None:
-        """Close the envs and release the run directory (which a Dreamer holds while it
-        lives, so that no second process trains in it). `with Dreamer(...) as agent:` too."""
+        """Close the envs and release the run directory (which a Dreamer holds from its
+        first learn(), so that no second process trains in it). `with Dreamer(...) as
+        agent:` too."""
         self.trainer.close()
 
     def __enter__(self) -> "Dreamer":
@@ -207,8 +208,9 @@ class Dreamer:
         return self
 
     def _start_run(self) -> None:
-        """The run of a loaded agent: a directory (run_dir, else a fresh one), env runners
-        and a replay, with the agent's weights, optimiser state and counters."""
+        """The run of an agent made or loaded to act with: a directory (run_dir, else a
+        fresh one), env runners and a replay, with the agent's weights, optimiser state and
+        counters."""
         trainer = Trainer(self.cfg, self._run_dir)
         trainer.agent.load_state_dict(self.agent.state_dict())
         trainer.counters.update(self.trainer.counters)

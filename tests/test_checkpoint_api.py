@@ -1,5 +1,6 @@
 import os
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -83,11 +84,23 @@ def test_dreamer_load_takes_a_run_directory_and_never_writes_into_it(tmp_path, m
         agent.learn(1.5)
 
 
-def test_dreamer_api_learn_predict_save_load(tmp_path):
-    agent = Dreamer("CartPole-v1", size="nano", run_dir=tmp_path / "run",
-                    train={"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 20,
-                           "train_ratio": 16})
+def test_dreamer_api_learn_predict_save_load(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a default directory would appear in ./runs/
+    kw = dict(size="nano", train={"batch_size": 2, "batch_length": 8, "horizon": 3,
+                                  "prefill": 20, "train_ratio": 16})
+    agent = Dreamer("CartPole-v1", run_dir=tmp_path / "run", **kw)
+    # made to act with until the first learn(): no directory, no files, no lock
+    assert agent.trainer.run_dir is None and sorted(tmp_path.iterdir()) == []
+    other = Dreamer("CartPole-v1", run_dir=tmp_path / "run", **kw)  # nothing claimed yet
+    assert len(other.evaluate(1)) == 1 and sorted(tmp_path.iterdir()) == []
+    fresh_weights = [p.detach().clone() for p in agent.agent.wm.parameters()]
     agent.learn(40)
+    assert agent.trainer.run_dir == tmp_path / "run" and list_checkpoints(tmp_path / "run")
+    assert not (tmp_path / "runs").exists()
+    changed = [not torch.equal(p, q) for p, q in zip(fresh_weights, agent.agent.wm.parameters())]
+    assert any(changed)  # learn() trained the weights predict() now uses
+    with pytest.raises(ConfigError, match="run already holds a run .*Nothing was written"):
+        other.learn(10)  # the directory is the first one's now
     assert agent.trainer.counters["env_steps"] == 40
     agent.learn(20)
     assert agent.trainer.counters["env_steps"] == 60
@@ -122,6 +135,7 @@ def test_dreamer_api_learn_predict_save_load(tmp_path):
     again.learn(10)
     assert again.trainer.counters["env_steps"] == 70 and list_checkpoints(tmp_path / "run2")
     again.close()
+    agent.close()
     # saved from a GPU run, loaded on a machine without one: on this CPU
     payload = torch.load(tmp_path / "a.pt", weights_only=True)
     payload["config"] = payload["config"].replace("device: auto", "device: cuda")
@@ -132,6 +146,42 @@ def test_dreamer_api_learn_predict_save_load(tmp_path):
         assert int(on_cpu.predict(obs, deterministic=True)[0]) == int(action)
     assert Dreamer.load(tmp_path / "gpu.pt", run_dir=tmp_path / "run4",
                         device="cpu").agent.device.type == "cpu"
+
+
+class _ClosingEnv(gym.Env):
+    """An env that cannot be used after close(), as envs holding a simulator or a socket."""
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.closed, self.t = False, 0
+
+    def reset(self, *, seed=None, options=None):
+        assert not self.closed, "reset after close"
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        assert not self.closed, "step after close"
+        self.t += 1
+        return np.full(3, 0.1 * int(action), np.float32), 1.0, False, self.t >= 10, {}
+
+    def close(self):
+        self.closed = True
+
+
+def test_an_env_instance_is_copied_and_never_closed_under_the_caller(tmp_path):
+    """Every env made from an instance is a fresh copy of it as given: the start-up check
+    closes its copy, and training and evaluation still get usable ones."""
+    env = _ClosingEnv()
+    with Dreamer(env, size="nano", run_dir=tmp_path / "run",
+                 train={"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 20,
+                        "train_ratio": 8}) as agent:
+        agent.learn(30)
+        assert agent.trainer.counters["env_steps"] == 30
+        assert agent.trainer.counters["env_restarts"] == 0
+        assert agent.evaluate(1) == [10.0]
+    assert not env.closed and env.t == 0  # the caller's object was never used
 
 
 def test_dreamer_api_takes_an_env_instance_and_a_callback(tmp_path):
