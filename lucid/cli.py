@@ -4,6 +4,7 @@ lucid.train and the visualising modules (video, plot, report)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -215,6 +216,15 @@ def config_cmd(args: List[str] = typer.Argument(None, help="[ENV] section.key=va
 # --------------------------------------------------------------------------- visualising
 
 
+def _unused(paths: list[Path]) -> list[Path]:
+    """`paths`, or where one of them exists (an earlier eval or dream of the same checkpoint),
+    the same names with -2, -3, ... before the suffix: a video is never overwritten."""
+    for k in itertools.count(1):
+        names = paths if k == 1 else [p.with_name(f"{p.stem}-{k}{p.suffix}") for p in paths]
+        if not any(p.exists() for p in names):
+            return names
+
+
 def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str):
     """`lucid eval --video`: the episodes are run in a rendering env, one video each."""
     from .runner import EVAL_MAX_STEPS
@@ -224,8 +234,8 @@ def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str):
     trainer = _load_run(run_dir)
     cfg = trainer.cfg
     steps = trainer.counters["env_steps"]
-    paths = [str(Path(run_dir) / "videos" / f"eval-{steps:09d}-ep{i}.{video_format}")
-             for i in range(episodes)]
+    paths = [str(p) for p in _unused([Path(run_dir) / "videos" / f"eval-{steps:09d}-ep{i}."
+                                      f"{video_format}" for i in range(episodes)])]
     try:
         recs = record_episodes(trainer.agent, cfg.env.id, episodes, cfg.env.max_episode_steps,
                                env_kwargs=dict(cfg.env.kwargs),
@@ -247,7 +257,8 @@ def dream_cmd(run_dir: str,
               context: int = typer.Option(5, help="real steps the model observes first"),
               rows: int = typer.Option(3, help="replayed windows shown one below another"),
               out: Optional[str] = typer.Option(None, help="video file (.mp4 or .gif); default "
-                                                           "RUN_DIR/videos/dream-<steps>.mp4"),
+                                                           "RUN_DIR/videos/dream-<steps>.mp4, "
+                                                           "-2, -3, ... if taken"),
               fps: float = typer.Option(10.0),
               seed: int = typer.Option(0, help="which replayed windows are picked")):
     """Open-loop dream video from real starting states: truth | prediction | error.
@@ -266,7 +277,7 @@ def dream_cmd(run_dir: str,
     except ValueError as exc:
         _fail(exc)
     steps = trainer.counters["env_steps"]
-    path = Path(out) if out else Path(run_dir) / "videos" / f"dream-{steps:09d}.mp4"
+    path = Path(out) if out else _unused([Path(run_dir) / "videos" / f"dream-{steps:09d}.mp4"])[0]
     write_video(path, frames, fps=fps)
     typer.echo(json.dumps({"video": str(path), "frames": len(frames), "context": context,
                            "horizon": horizon}))

@@ -4,6 +4,7 @@ two tiny real CartPole runs (nano model, 160 env steps each) and a small image e
 import base64
 import json
 import shutil
+from pathlib import Path
 from html.parser import HTMLParser
 
 import gymnasium as gym
@@ -352,6 +353,19 @@ def test_cli_eval_video_dream_plot_report(runs, tmp_path):
     assert video.read_video(tmp_path / "dream.gif").shape == (9, 2 * (200 + video.BAR), 900, 3)
     r = cli.invoke(app, ["dream", str(run), "--horizon", "5000"])
     assert r.exit_code == 2 and "horizon" in r.output
+    # default names never overwrite an earlier video of the same checkpoint
+    first = Path(path).read_bytes()
+    r = cli.invoke(app, ["eval", str(run), "--episodes", "1", "--video", "--sampled"])
+    assert r.exit_code == 0, r.output
+    (again,) = json.loads(r.output.strip().splitlines()[-1])["videos"]
+    assert again == path.replace("-ep0.mp4", "-ep0-2.mp4") and Path(path).read_bytes() == first
+    dreams = []
+    for _ in range(2):
+        r = cli.invoke(app, ["dream", str(run), "--horizon", "4", "--context", "2", "--rows", "1"])
+        assert r.exit_code == 0, r.output
+        dreams.append(Path(json.loads(r.output.strip().splitlines()[-1])["video"]))
+    assert dreams[1] == dreams[0].with_name(dreams[0].stem + "-2.mp4")
+    assert all(video.read_video(d).shape[0] == 6 for d in dreams)
     r = cli.invoke(app, ["plot", *map(str, runs), "--out", str(tmp_path / "c.png"),
                          "--x", "wall_time"])
     assert r.exit_code == 0, r.output
@@ -359,7 +373,8 @@ def test_cli_eval_video_dream_plot_report(runs, tmp_path):
     r = cli.invoke(app, ["report", str(run)])
     assert r.exit_code == 0, r.output
     text = (run / "report.html").read_text()
-    assert text.count("<video") == 1 and "data:video/mp4;base64," in text
+    assert text.count("<video") == len(list((run / "videos").glob("*.mp4"))) == 4
+    assert "data:video/mp4;base64," in text
     r = cli.invoke(app, ["report", str(tmp_path / "missing")])
     assert r.exit_code == 2
 
