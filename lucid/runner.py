@@ -34,14 +34,21 @@ class Restarting(gym.Wrapper):
 
     def __init__(self, make: Callable[[], gym.Env], max_restarts: int = 10):
         self._make, self.max_restarts, self.restarts = make, max_restarts, 0
+        self._streak = 0  # restarts since the last step that succeeded
         super().__init__(make())
 
     def _restart(self, exc: Exception, where: str) -> None:
         self.restarts += 1
+        self._streak += 1
         if self.restarts > self.max_restarts:
+            failed = self._streak - 1  # rebuilt envs that raised before a step succeeded
+            hint = "" if failed < 1 else (
+                f"; {'the rebuilt env' if failed == 1 else f'each of the last {failed} rebuilt envs'}"
+                f" raised before completing a step, so the fault is not transient: fix the env "
+                f"(env.max_restarts=0 stops at its first error)")
             raise EnvError(f"the environment raised in {where} more than "
-                               f"env.max_restarts={self.max_restarts} times; last error: "
-                               f"{type(exc).__name__}: {exc}") from exc
+                           f"env.max_restarts={self.max_restarts} times; last error: "
+                           f"{type(exc).__name__}: {exc}{hint}") from exc
         print(f"warning: the environment raised in {where} ({type(exc).__name__}: {exc}); "
               f"restarting it ({self.restarts}/{self.max_restarts})", flush=True)
         try:
@@ -59,11 +66,13 @@ class Restarting(gym.Wrapper):
 
     def step(self, action):
         try:
-            return self.env.step(action)
+            out = self.env.step(action)
         except Exception as exc:  # noqa: BLE001
             self._restart(exc, "step")
             obs, info = self.reset()
             return obs, 0.0, False, True, {**info, "env_restarted": True}
+        self._streak = 0
+        return out
 
 
 def restarting(make: Callable[[], gym.Env], max_restarts: int) -> Callable[[], gym.Env]:

@@ -239,9 +239,21 @@ def test_crashing_env_is_restarted_and_training_goes_on(tmp_path, capsys):
 def test_env_that_keeps_crashing_stops_the_run_with_a_clear_error(tmp_path):
     cfg = _cfg(tmp_path, env={"id": "test_reliability:make_broken", "max_restarts": 3})
     tr = Trainer(cfg)
-    with pytest.raises(RuntimeError, match="env.max_restarts=3"):
+    with pytest.raises(RuntimeError, match="env.max_restarts=3 times; last error: RuntimeError: "
+                       "simulator crashed; each of the last 3 rebuilt envs raised before "
+                       "completing a step, so the fault is not transient"):
         tr.run()
     tr.close()
+
+
+def test_restarts_of_an_env_that_recovers_in_between_are_not_called_permanent():
+    from lucid.runner import EnvError, Restarting
+    env = Restarting(lambda: FlakyEnv(every=2), max_restarts=2)
+    env.reset()
+    with pytest.raises(EnvError) as err:  # steps succeed between the crashes
+        for _ in range(20):
+            env.step(0)
+    assert "env.max_restarts=2" in str(err.value) and "not transient" not in str(err.value)
 
 
 class NaNEnv(FlakyEnv):
