@@ -120,12 +120,12 @@ class Dreamer:
         (action, state). Pass the returned state back with the next observation. With
         state=None every row starts a new episode; `episode_start` (a bool, or N bools)
         marks the rows whose episode starts at this observation, as after a reset."""
-        n = self.trainer.obs_spec.batch_of(obs)
+        spec = self.trainer.obs_spec
+        n = spec.batch_of(obs)
         batched = n is not None
+        arrays = spec.convert(obs, (n,) if batched else ())
         if not batched:
-            obs = ({k: np.asarray(v)[None] for k, v in obs.items()} if isinstance(obs, dict)
-                   else np.asarray(obs)[None])
-            n = 1
+            arrays, n = {k: v[None] for k, v in arrays.items()}, 1
         if state is not None:
             if not isinstance(state, State):
                 raise TypeError(f"predict(state=...) takes the state a previous predict "
@@ -134,7 +134,6 @@ class Dreamer:
                 raise ValueError(f"predict got a state for {state.h.shape[0]} env(s) and "
                                  f"{n} observation(s); keep one state per batch size, or pass "
                                  f"state=None to start new episodes")
-        arrays = self.trainer.obs_spec.convert(obs, (n,))
         tensors = {k: torch.as_tensor(v, device=self.agent.device) for k, v in arrays.items()}
         starts = None
         if episode_start is not None:

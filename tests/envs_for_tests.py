@@ -52,3 +52,37 @@ class BrokenEnv(CountEnv):
         if self.mistake == "terminated_none":
             term = None
         return obs, reward, term, trunc, info
+
+
+class NestedEnv(gym.Env):
+    """Observations in a Tuple of a nested Dict, a MultiDiscrete and a MultiBinary; actions
+    MultiBinary(3). The bits of the observation are the previous action; reward = number of
+    action bits equal to the observation's `target` bits."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Tuple((
+            gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,), np.float32),
+                             "inner": gym.spaces.Dict({"mode": gym.spaces.Discrete(3, start=1)})}),
+            gym.spaces.MultiDiscrete([[2, 3], [4, 2]]),
+            gym.spaces.MultiBinary(3)))
+        self.action_space = gym.spaces.MultiBinary(3)
+        self.t = 0
+        self.last = np.zeros(3, np.int8)
+
+    def _obs(self):
+        rng = self.np_random
+        return ({"pos": rng.uniform(-1, 1, 2).astype(np.float32),
+                 "inner": {"mode": int(rng.integers(1, 4))}},
+                np.array([[rng.integers(2), rng.integers(3)], [rng.integers(4), 1]]),
+                self.last.copy())
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.last = 0, np.zeros(3, np.int8)
+        return self._obs(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        self.t += 1
+        self.last = np.asarray(action, np.int8)
+        return self._obs(), float(self.last.sum()), False, self.t >= 12, {}

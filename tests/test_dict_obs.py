@@ -184,3 +184,93 @@ def test_one_observation_or_a_batch_is_told_by_the_spaces_own_shapes():
         assert "observation 'vec' has shape (4, 3), expected (4, 2)" in str(exc), str(exc)
     else:
         raise AssertionError("a (4, 3) batch was taken for (4, 2)")
+
+
+def test_nested_dict_tuple_multidiscrete_and_multibinary_observations():
+    """Every leaf of a Dict/Tuple observation is one key named by its path; (Multi)Discrete
+    leaves are one-hots per entry, MultiBinary ones 0/1 vectors: checked against numpy, for
+    one observation, for a hand-made batch and for a gymnasium vector env's batch."""
+    from envs_for_tests import NestedEnv
+    env = NestedEnv()
+    spec = ObsSpec.from_space(env.observation_space)
+    assert spec.keys() == ["0/inner/mode", "0/pos", "1", "2"]  # gymnasium sorts Dict keys
+    assert spec.vectors == {"0/pos": 2, "0/inner/mode": 3, "1": 2 + 3 + 4 + 2, "2": 3}
+    assert spec.structured and spec.shape("1") == (2, 2) and spec.shape("0/inner/mode") == ()
+    obs, _ = env.reset(seed=0)
+
+    def by_hand(o):
+        pos, mode = o[0]["pos"], o[0]["inner"]["mode"]
+        md = o[1].ravel()
+        onehots = [np.eye(n)[v] for n, v in zip([2, 3, 4, 2], md)]
+        return {"0/pos": pos, "0/inner/mode": np.eye(3)[mode - 1],
+                "1": np.concatenate(onehots), "2": o[2].astype(np.float32)}
+
+    one = spec.convert(obs)
+    for k, v in by_hand(obs).items():
+        np.testing.assert_array_equal(one[k], v)
+        assert one[k].dtype == np.float32
+    assert spec.batch_of(obs) is None
+    venv = gym.vector.SyncVectorEnv([NestedEnv, NestedEnv])
+    batch, _ = venv.reset(seed=[1, 2])
+    assert spec.batch_of(batch) == 2
+    got = spec.convert(batch, (2,))
+    for i in range(2):
+        single = (
+            {"pos": batch[0]["pos"][i], "inner": {"mode": batch[0]["inner"]["mode"][i]}},
+            batch[1][i], batch[2][i])
+        for k, v in by_hand(single).items():
+            np.testing.assert_array_equal(got[k][i], v)
+    bad = (obs[0], np.array([[1, 3], [0, 1]]), obs[2])  # 3 is outside nvec 3
+    try:
+        spec.convert(bad)
+    except ValueError as exc:
+        assert "observation '1'" in str(exc) and "outside its MultiDiscrete space" in str(exc)
+    else:
+        raise AssertionError("a MultiDiscrete observation out of range was accepted")
+    try:
+        spec.convert(({"pos": obs[0]["pos"]}, obs[1], obs[2]))
+    except KeyError as exc:
+        assert "missing key '0/inner/mode'" in str(exc)
+    else:
+        raise AssertionError("an observation without a key was accepted")
+    try:
+        ObsSpec.from_space(gym.spaces.Dict({"a/b": gym.spaces.Discrete(2),
+                                            "a": gym.spaces.Dict({"b": gym.spaces.Discrete(2)})}))
+    except ValueError as exc:
+        assert "both named 'a/b'" in str(exc)
+    else:
+        raise AssertionError("two leaves of one name were accepted")
+
+
+def test_multibinary_actions_are_a_two_way_categorical_per_entry():
+    space = gym.spaces.MultiBinary([2, 3])
+    act = ActionSpec.from_space(space)
+    assert act.discrete == [2] * 6 and act.dim == 12
+    samples = np.stack([space.sample() for _ in range(30)])
+    model = act.from_env(samples)
+    assert model.shape == (30, 12) and np.all(model.reshape(30, 6, 2).sum(-1) == 1)
+    np.testing.assert_array_equal(model.reshape(30, 6, 2)[..., 1], samples.reshape(30, 6))
+    back = act.to_env(model)
+    np.testing.assert_array_equal(back, samples)
+    assert back.dtype == space.dtype and all(space.contains(a) for a in back)
+
+
+def test_a_custom_env_with_nested_observations_and_multibinary_actions_trains_and_acts(tmp_path):
+    from lucid import Dreamer
+    from envs_for_tests import NestedEnv
+    with Dreamer("envs_for_tests:NestedEnv", size="nano", run_dir=tmp_path / "run",
+                 env__num_envs=2,
+                 train={"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 16,
+                        "train_ratio": 16}) as agent:
+        agent.learn(40)
+        assert agent.trainer.counters["env_steps"] == 40 and agent.trainer.counters["updates"] > 0
+        assert agent.trainer.replay.data["obs/1"].shape[-1] == 11
+        env = NestedEnv()
+        obs, _ = env.reset(seed=3)
+        action, state = agent.predict(obs)
+        assert env.action_space.contains(action)
+        venv = gym.vector.SyncVectorEnv([NestedEnv] * 3)
+        batch, _ = venv.reset(seed=0)
+        actions, _ = agent.predict(batch, deterministic=True)
+        assert actions.shape == (3, 3) and all(env.action_space.contains(a) for a in actions)
+        assert len(agent.evaluate(1)) == 1

@@ -1,8 +1,10 @@
 """Translate gymnasium spaces to the agent's tensors and back.
 
 Observations become a dict of arrays: image keys (uint8, H x W x C) and vector keys (float32,
-flat). Actions live in model space: concatenated one-hots for Discrete/MultiDiscrete, and
-[-1, 1]^d for Box, rescaled to the env's bounds on the way out.
+flat; Discrete and MultiDiscrete as one-hots, MultiBinary as 0/1). Dict and Tuple spaces, nested
+too, are flattened into one key per leaf: `a/b` for Dict(a=Dict(b=...)), `0`, `1` for Tuple
+items. Actions live in model space: concatenated one-hots for Discrete/MultiDiscrete/MultiBinary,
+and [-1, 1]^d for Box, rescaled to the env's bounds on the way out.
 """
 
 from __future__ import annotations
@@ -13,8 +15,23 @@ from dataclasses import dataclass, field
 import gymnasium as gym
 import numpy as np
 
-SUPPORTED_OBS = "Box (vectors of any shape, images H x W x C), Discrete, or a Dict of these"
-SUPPORTED_ACT = "Discrete, MultiDiscrete or Box"
+SUPPORTED_OBS = ("Box (vectors of any shape, images H x W x C), Discrete, MultiDiscrete, "
+                 "MultiBinary, and Dict and Tuple spaces of these")
+SUPPORTED_ACT = "Discrete, MultiDiscrete, MultiBinary or Box"
+LEAVES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
+
+def _leaves(space: gym.Space, path: tuple = ()):
+    """(path, leaf space) of every leaf of a Dict/Tuple space, in order; a path is the Dict
+    keys and Tuple indices that lead to the leaf."""
+    if isinstance(space, gym.spaces.Dict):
+        for key, sub in space.spaces.items():
+            yield from _leaves(sub, (*path, key))
+    elif isinstance(space, gym.spaces.Tuple):
+        for i, sub in enumerate(space.spaces):
+            yield from _leaves(sub, (*path, i))
+    else:
+        yield path, space
 
 
 def _is_image(space: gym.spaces.Box) -> bool:
@@ -59,41 +76,53 @@ def _image_scale(space: gym.spaces.Box, where: str) -> float:
 class ObsSpec:
     images: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # key -> (H, W, C)
     vectors: dict[str, int] = field(default_factory=dict)  # key -> flat size
-    discrete: dict[str, int] = field(default_factory=dict)  # key -> n (one-hot encoded)
+    discrete: dict[str, tuple[int, ...]] = field(default_factory=dict)  # key -> n of each one-hot
     image_scale: dict[str, float] = field(default_factory=dict)  # key -> factor to 0..255
-    discrete_start: dict[str, int] = field(default_factory=dict)  # key -> Discrete(n, start)
+    discrete_start: dict[str, np.ndarray] = field(default_factory=dict)  # key -> starts (start=)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # key -> one obs's shape
-    dict_space: bool = False  # a Dict space (else one observation, named "image"/"vector")
+    paths: dict[str, tuple] = field(default_factory=dict)  # key -> its place in a Dict/Tuple obs
 
     @classmethod
     def from_space(cls, space: gym.Space) -> "ObsSpec":
-        spec = cls(dict_space=isinstance(space, gym.spaces.Dict))
-        items = space.spaces.items() if isinstance(space, gym.spaces.Dict) else [(None, space)]
+        spec = cls()
+        items = list(_leaves(space))
         if not items:
-            raise TypeError("the observation space is an empty Dict: lucid needs at least one "
-                            "observation to learn from")
-        for key, sub in items:
-            where = f" at key {key!r}" if key else ""
-            if not isinstance(sub, (gym.spaces.Box, gym.spaces.Discrete)):
+            raise TypeError(f"the observation space is an empty {type(space).__name__}: lucid "
+                            f"needs at least one observation to learn from")
+        for path, sub in items:
+            where = f" at key {'/'.join(map(str, path))!r}" if path else ""
+            if not isinstance(sub, LEAVES):
                 raise TypeError(f"unsupported observation space {sub}{where}; "
                                 f"lucid supports {SUPPORTED_OBS}")
             image = isinstance(sub, gym.spaces.Box) and _is_image(sub)
-            name = key or ("image" if image else "vector")  # one observation's own name
+            # one observation's own name; the leaves of a Dict/Tuple are named by their path
+            name = "/".join(map(str, path)) or ("image" if image else "vector")
+            if name in spec.paths:
+                raise ValueError(f"two observations are both named {name!r} once nested keys "
+                                 f"are joined with '/'; rename one of them")
+            spec.paths[name] = path
             spec.shapes[name] = tuple(int(d) for d in sub.shape)
             if image:
                 spec.images[name] = spec.shapes[name]
                 spec.image_scale[name] = _image_scale(sub, where)
-            elif isinstance(sub, gym.spaces.Box):
-                if why := _looks_like_a_misshaped_image(sub):
+            elif isinstance(sub, (gym.spaces.Box, gym.spaces.MultiBinary)):
+                if isinstance(sub, gym.spaces.Box) and (why := _looks_like_a_misshaped_image(sub)):
                     raise TypeError(f"the observation{where} looks like {why}")
                 spec.vectors[name] = int(np.prod(sub.shape))
-            else:
-                spec.vectors[name] = spec.discrete[name] = int(sub.n)
-                spec.discrete_start[name] = int(sub.start)
+            else:  # Discrete, MultiDiscrete: a one-hot per entry
+                nvec = np.asarray(sub.n if isinstance(sub, gym.spaces.Discrete) else sub.nvec)
+                spec.discrete[name] = tuple(int(n) for n in nvec.ravel())
+                spec.discrete_start[name] = np.asarray(sub.start, np.int64).ravel()
+                spec.vectors[name] = sum(spec.discrete[name])
         if len({s[:2] for s in spec.images.values()}) > 1:
             raise ValueError(f"all image observations must share one height and width, got "
                              f"{spec.images}; resize them with a wrapper")
         return spec
+
+    @property
+    def structured(self) -> bool:
+        """A Dict or Tuple space (else one observation, named "image" or "vector")."""
+        return any(self.paths.values())
 
     @property
     def vector_dim(self) -> int:
@@ -112,22 +141,29 @@ class ObsSpec:
 
     def shape(self, key: str) -> tuple[int, ...]:
         """The shape of one observation of `key`, as the env gives it."""
-        if key in self.shapes:
-            return self.shapes[key]
-        return self.images.get(key) or (() if key in self.discrete else (self.vectors[key],))
+        return self.shapes[key]
 
     def _what(self, key: str) -> str:
-        return f"observation {key!r}" if self.dict_space else "the observation"
+        return f"observation {key!r}" if self.structured else "the observation"
+
+    def leaf(self, obs, key: str):
+        """The part of an env observation (one, or a batch) that `key` names."""
+        for step in self.paths[key]:
+            if isinstance(step, str):
+                if not isinstance(obs, dict) or step not in obs:
+                    raise KeyError(f"observation is missing key {key!r} (has "
+                                   f"{list(obs) if isinstance(obs, dict) else type(obs).__name__})")
+            elif not isinstance(obs, (tuple, list)) or step >= len(obs):
+                raise KeyError(f"observation has no item {key!r}: its Tuple space has more "
+                               f"items than the observation ({type(obs).__name__})")
+            obs = obs[step]
+        return obs
 
     def batch_of(self, obs) -> int | None:
         """None for one observation, N for a batch of N (a leading axis), judged by the
         spec's first key; other shapes are refused, named."""
         key = self.keys()[0]
-        if isinstance(obs, dict):
-            if key not in obs:
-                raise KeyError(f"observation is missing key {key!r} (has {list(obs)})")
-            obs = obs[key]
-        x, shape = np.asarray(obs), self.shape(key)
+        x, shape = np.asarray(self.leaf(obs, key)), self.shape(key)
         if x.ndim == len(shape):
             return None
         if x.ndim == len(shape) + 1:
@@ -137,12 +173,9 @@ class ObsSpec:
 
     def convert(self, obs, batch_shape: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
         """Env observation(s) -> dict of arrays with leading `batch_shape`; checks values."""
-        raw = obs if isinstance(obs, dict) else {self.keys()[0]: obs}
         out: dict[str, np.ndarray] = {}
         for key in self.keys():
-            if key not in raw:
-                raise KeyError(f"observation is missing key {key!r} (has {list(raw)})")
-            x = np.asarray(raw[key])
+            x = np.asarray(self.leaf(obs, key))
             if key in self.images:
                 if x.shape != (*batch_shape, *self.images[key]):
                     raise ValueError(f"{self._what(key)} has shape {x.shape}, expected "
@@ -152,10 +185,17 @@ class ObsSpec:
                         raise ValueError(f"{self._what(key)} contains NaN or Inf")
                     x = np.rint(np.clip(x * self.image_scale.get(key, 1.0), 0, 255)).astype(np.uint8)
             elif key in self.discrete:
-                idx = x.astype(np.int64) - self.discrete_start.get(key, 0)
-                if np.any((idx < 0) | (idx >= self.discrete[key])):
-                    raise ValueError(f"{self._what(key)} = {x} lies outside its Discrete space")
-                x = np.eye(self.discrete[key], dtype=np.float32)[idx]
+                nvec = self.discrete[key]
+                if x.shape != (*batch_shape, *self.shape(key)):
+                    raise ValueError(f"{self._what(key)} has shape {x.shape}, expected "
+                                     f"{(*batch_shape, *self.shape(key))}")
+                idx = x.reshape(*batch_shape, len(nvec)).astype(np.int64) - self.discrete_start[key]
+                if np.any((idx < 0) | (idx >= np.asarray(nvec))):
+                    raise ValueError(f"{self._what(key)} = {x} lies outside its "
+                                     f"{'Discrete' if not self.shape(key) else 'MultiDiscrete'} "
+                                     f"space")
+                x = np.concatenate([np.eye(n, dtype=np.float32)[idx[..., j]]
+                                    for j, n in enumerate(nvec)], -1)
             else:
                 if x.size != np.prod(batch_shape, dtype=np.int64) * self.vectors[key]:
                     raise ValueError(f"{self._what(key)} has shape {x.shape}, expected "
@@ -175,6 +215,7 @@ class ActionSpec:
     high: np.ndarray | None = None
     shape: tuple[int, ...] = ()
     start: np.ndarray | None = None  # first index of each categorical sub-action (start=)
+    dtype: np.dtype | None = None  # of the env's actions, where not the default (MultiBinary)
 
     @classmethod
     def from_space(cls, space: gym.Space) -> "ActionSpec":
@@ -184,6 +225,10 @@ class ActionSpec:
             return cls(discrete=[int(n) for n in np.asarray(space.nvec).ravel()],
                        shape=tuple(space.nvec.shape),
                        start=np.asarray(space.start, np.int64).ravel())
+        if isinstance(space, gym.spaces.MultiBinary):  # a two-way categorical per entry
+            n = int(np.prod(space.shape))
+            return cls(discrete=[2] * n, shape=tuple(space.shape), start=np.zeros(n, np.int64),
+                       dtype=space.dtype)
         if isinstance(space, gym.spaces.Box):
             low, high = space.low.astype(np.float64).ravel(), space.high.astype(np.float64).ravel()
             open_dims = np.flatnonzero(~(np.isfinite(low) & np.isfinite(high)))
@@ -213,6 +258,8 @@ class ActionSpec:
             idx = np.stack(parts, -1)
             if self.start is not None:
                 idx = idx + self.start
+            if self.dtype is not None:
+                idx = idx.astype(self.dtype)
             if not self.shape:
                 return idx[:, 0]
             return idx.reshape(len(action), *self.shape)
