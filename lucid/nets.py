@@ -127,10 +127,12 @@ class TwoHot:
         authors' code)."""
         bins, n = self.bins(probs), self.num_bins
         m = n // 2
-        if n % 2 and self.low == -self.high:  # bins[m] = 0: it adds nothing
-            avg = (probs[..., m + 1:n] - probs[..., :m].flip(-1)) @ bins[m + 1:]
-        else:
-            avg = probs[..., :n] @ bins
+        # fp32 under bf16 autocast too, which would run this product, bins included, in bf16
+        with torch.autocast(probs.device.type, enabled=False):
+            if n % 2 and self.low == -self.high:  # bins[m] = 0: it adds nothing
+                avg = (probs[..., m + 1:n] - probs[..., :m].flip(-1)) @ bins[m + 1:]
+            else:
+                avg = probs[..., :n] @ bins
         return symexp(avg)
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -99,3 +99,19 @@ def test_bf16_updates_reduce_the_world_model_loss_like_fp32():
 def test_precision_is_validated():
     with pytest.raises(ConfigError, match="train.precision"):
         make_config("default", ["train.precision=fp16"])
+
+
+def test_two_hot_means_stay_fp32_under_bf16_autocast():
+    """Rewards and values (two-hot means) feed the λ-returns in real space: autocast would
+    run their probabilities-times-bins product in bf16 and round a value of 3 by ~1%."""
+    from lucid.nets import TwoHot
+    twohot = TwoHot(255, -20.0, 20.0)
+    logits = torch.randn(64, 255, generator=torch.Generator().manual_seed(0)) * 3
+    logits[:, 140] += 8.0  # peaked near symlog(value) ~ 1.9: values of a few units
+    exact = twohot.mean(logits.double()).float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = twohot.mean(logits)
+        probs, mean = twohot.probs_and_mean(logits)
+    assert got.dtype == mean.dtype == torch.float32
+    torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(mean, exact, rtol=1e-5, atol=1e-6)
