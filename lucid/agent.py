@@ -326,6 +326,10 @@ class Agent:
             m.load_state_dict(theirs)
         for k, o in self.optimizers().items():
             o.load_state_dict(state["optimizers"][k])
+            # The settings are this config's, not the saved run's (which load_state_dict
+            # restores): a learning rate edited in config.yaml, capturable Adam for a graph.
+            for group in o.param_groups:
+                group.update({key: v for key, v in o.defaults.items() if key in group})
         self.updates = int(state.get("updates", 0))
         self._graph = None  # optimiser state tensors were replaced: capture again
 

@@ -21,7 +21,7 @@ import torch
 from .checkpoint import atomic_torch_save, load_checkpoint, load_latest, FORMAT_VERSION
 from .config import ConfigError, from_yaml, make_config, to_yaml
 from .envs import INSTANCE_PREFIX, default_preset
-from .train import Trainer, resumed_device
+from .train import Trainer, load_here
 from .world_model import State
 
 
@@ -198,7 +198,7 @@ class Dreamer:
             raise ValueError(f"{path} was trained on an env instance (Dreamer(MyEnv())), whose "
                              f"name does not outlive its process; pass the env again: "
                              f"Dreamer.load(path, env=MyEnv())")
-        cfg.run.device = resumed_device(cfg.run.device, device)
+        load_here(cfg, device)
         cfg.run.run_dir = None
         self = cls.__new__(cls)
         self.cfg, self._run_dir = cfg, run_dir

@@ -109,6 +109,16 @@ def resumed_device(saved: str, given: str) -> str:
         return "auto"
 
 
+def load_here(cfg: Config, device: str) -> None:
+    """A saved run's config for this machine: `run.device` as `resumed_device` picks it, and
+    the GPU-only `train.cuda_graph` off where that is no CUDA device (the same maths)."""
+    cfg.run.device = resumed_device(cfg.run.device, device)
+    if cfg.train.cuda_graph and resolve_device(cfg.run.device).type != "cuda":
+        print("note: the run was trained with train.cuda_graph=true, which needs a CUDA "
+              "device; continuing with train.cuda_graph=false (the same update, not captured)")
+        cfg.train.cuda_graph = False
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -255,7 +265,7 @@ class Trainer:
             if env is not None:
                 saved.env.id = env
             saved.run.steps = max(saved.run.steps, cfg.run.steps) if cfg.run.steps else saved.run.steps
-            saved.run.device = resumed_device(saved.run.device, cfg.run.device)
+            load_here(saved, cfg.run.device)
             cfg = saved
         self.cfg = cfg
         self.device = self.dist.device if self.dist else resolve_device(cfg.run.device)

@@ -702,6 +702,18 @@ def test_state_dict_round_trip():
         assert all(torch.equal(a, b) for a, b in zip(x, y))
 
 
+def test_loaded_optimisers_take_this_configs_settings_and_keep_the_saved_moments():
+    saved = make_agent(DISCRETE, seed=4, model_lr=1e-3, actor_lr=1e-3, critic_lr=1e-3)
+    saved.train(random_batch(DISCRETE, seed=20))
+    edited = make_agent(DISCRETE, seed=5, model_lr=2e-4, actor_lr=5e-5, critic_lr=7e-5)
+    edited.load_state_dict(saved.state_dict())
+    lrs = {k: [g["lr"] for g in o.param_groups] for k, o in edited.optimizers().items()}
+    assert lrs == {"world_model": [2e-4], "actor": [5e-5], "critic": [7e-5]}
+    assert [g["eps"] for g in edited.opt_actor.param_groups] == [1e-5]
+    ours, theirs = edited.opt_wm.state_dict()["state"], saved.opt_wm.state_dict()["state"]
+    assert all(torch.equal(ours[i]["exp_avg"], theirs[i]["exp_avg"]) for i in theirs)
+
+
 def test_load_into_other_size_or_space_raises():
     state = make_agent(DISCRETE, size="nano").state_dict()
     bigger = make_agent(DISCRETE, size="micro")

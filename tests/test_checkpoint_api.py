@@ -136,14 +136,19 @@ def test_dreamer_api_learn_predict_save_load(tmp_path, monkeypatch):
     assert again.trainer.counters["env_steps"] == 70 and list_checkpoints(tmp_path / "run2")
     again.close()
     agent.close()
-    # saved from a GPU run, loaded on a machine without one: on this CPU
+    # saved from a GPU run with its CUDA graph, loaded on a machine without one: on this CPU
     payload = torch.load(tmp_path / "a.pt", weights_only=True)
-    payload["config"] = payload["config"].replace("device: auto", "device: cuda")
+    assert "cuda_graph: false" in payload["config"]
+    payload["config"] = payload["config"].replace("device: auto", "device: cuda").replace(
+        "cuda_graph: false", "cuda_graph: true")
     torch.save(payload, tmp_path / "gpu.pt")
     if not torch.cuda.is_available():
         on_cpu = Dreamer.load(tmp_path / "gpu.pt", run_dir=tmp_path / "run3")
-        assert on_cpu.agent.device.type == "cpu"
+        assert on_cpu.agent.device.type == "cpu" and not on_cpu.cfg.train.cuda_graph
         assert int(on_cpu.predict(obs, deterministic=True)[0]) == int(action)
+        on_cpu.learn(5)  # and learns on here, without the graph
+        assert on_cpu.trainer.counters["env_steps"] == 65
+        on_cpu.close()
     assert Dreamer.load(tmp_path / "gpu.pt", run_dir=tmp_path / "run4",
                         device="cpu").agent.device.type == "cpu"
 
