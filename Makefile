@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup train test test-all bench clean
+.PHONY: setup train test test-all bench gpu-wheels clean
 
 $(BIN)/.installed: pyproject.toml
 	@# Headless Chromium (Debian package) renders `lucid report` pages in the tests.
@@ -32,6 +32,12 @@ test: setup
 
 bench: setup
 	$(BIN)/python benchmarks/train_step.py
+
+# The pure-Python wheels benchmarks/gpu_suite.sh installs on a bare GPU image (docs/performance.md).
+gpu-wheels:
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux2014_x86_64 -d .whl \
+	  omegaconf==2.4.0 gymnasium==1.4.0 farama-notifications==0.0.6
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

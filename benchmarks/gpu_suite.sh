@@ -11,7 +11,7 @@
 #   3. learning: lucid train CartPole-v1 --preset paper-cartpole --device cuda for LEARN_MIN
 #      minutes (with the CUDA graph when its test passed): the env steps at which the mean of
 #      the last 10 training returns first reaches 450, if it does
-#   4. with the time left: compiled + graphed and fp32 eager at S
+#   4. with the time left: fp32 eager, then compiled + graphed, at S
 # then a summary table against the issue's targets (bf16: S <= 25 ms, XL <= 75 ms per update,
 # XL peak memory <= 9 GiB).
 #
@@ -19,7 +19,7 @@
 #
 # Runs with the machine's python3 (a CUDA torch). omegaconf and gymnasium, if missing there,
 # are installed from wheels in .whl/ (gitignored; docs/performance.md: "The GPU suite" says how
-# to fetch them and carry them). Knobs (environment): PY, SUITE_BUDGET_S (total, default 540),
+# to fetch them and carry them). Knobs (environment): PY, SUITE_BUDGET_S (total, default 520),
 # LEARN_MIN (4), ITERS (timed updates per configuration, 10), LEARN_ARGS (extra overrides),
 # and for a dry run without a GPU: DEVICE (cuda), SIZES ("S XL"), BATCH (16), LENGTH (64),
 # PEAK_N (8192), e.g.
@@ -34,7 +34,7 @@ OUTDIR=${OUT:-benchmarks/results}
 WORK=$(mktemp -d /tmp/gpu_suite.XXXX)  # logs and details: packed into one archive at the end
 mkdir -p "$OUTDIR"
 exec > >(tee "$WORK/gpu_suite.log") 2>&1
-BUDGET=${SUITE_BUDGET_S:-540}
+BUDGET=${SUITE_BUDGET_S:-520}
 LEARN_MIN=${LEARN_MIN:-4}
 ITERS=${ITERS:-10}
 DEVICE=${DEVICE:-cuda}
@@ -60,7 +60,7 @@ if ! "$PY" -c "import omegaconf, gymnasium" 2>/dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [[ $DEVICE == cuda* ]]; then
-  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm \
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,compute_mode \
     --format=csv 2>&1
   "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; \
 print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" \
@@ -140,7 +140,7 @@ bench() {  # name, deadline, per-configuration timeout, sizes, train_step.py arg
   # shellcheck disable=SC2086
   timeout $((deadline - $(date +%s) + 30)) "$PY" benchmarks/train_step.py --device "$DEVICE" \
     --size $sizes --action discrete --batch "$BATCH" --length "$LENGTH" --iters "$ITERS" \
-    --warmup 3 --timeout "$tmo" --deadline "$deadline" \
+    --warmup 3 --timeout "$tmo" --deadline "$deadline" --log-dir "$WORK/errors" \
     --json "$dir/gpu_train_step_$name.json" "$@"
 }
 GRAPH=(--set train.cuda_graph=true train.onehot_gather=false)
@@ -195,9 +195,10 @@ json.dump(out, open(sys.argv[2], "w"), indent=1)
 EOF
 
 # ------------------------------------------------------------------ 4. if time is left
+# fp32 first: it is quick; compiling takes minutes and may not finish in what is left.
+bench eager_fp32 "$END" 60 "${SIZES%% *}" --obs vector --precision fp32 --peak-n "$PEAK_N"
 bench compiled_graph "$END" 200 "${SIZES%% *}" --obs vector image --precision bf16 --peak-n 0 \
   --compile "${GRAPH[@]}"
-bench eager_fp32 "$END" 60 "${SIZES%% *}" --obs vector --precision fp32 --peak-n "$PEAK_N"
 
 # ------------------------------------------------------------------ summary
 log "summary"
@@ -239,4 +240,5 @@ json.dump({"train_step": rows,
 print(f"wrote {out / 'gpu_suite.json'}")
 EOF
 log "done"
+sleep 1  # tee's last lines into gpu_suite.log before it is packed
 tar czf "$OUTDIR/gpu_details.tar.gz" -C "$WORK" . 2>/dev/null

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -143,17 +144,31 @@ def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
             "overrides": list(overrides or [])}
 
 
-def run_isolated(args: list[str], timeout: float | None = None) -> dict:
-    """One configuration in a fresh interpreter: its own peak RSS and compile caches."""
+def _failure(text: str, log: Path | None) -> list[str]:
+    """What a failed configuration said: its last exception line (a CUDA error's own last
+    line is only a hint about TORCH_USE_CUDA_DSA) and its last line; all of it in `log`."""
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(text)
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    raised = [line for line in lines if re.match(r"^[\w.]*(Error|Exception)\b", line)]
+    return list(dict.fromkeys(raised[-1:] + lines[-1:])) or ["failed"]
+
+
+def run_isolated(args: list[str], timeout: float | None = None,
+                 log: Path | None = None) -> dict:
+    """One configuration in a fresh interpreter: its own peak RSS and compile caches. A
+    failure's whole output goes to `log` (when given)."""
     cmd = [sys.executable, __file__, "--one", *args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": [f"timed out after {timeout:.0f} s"]}
+    except subprocess.TimeoutExpired as exc:
+        said = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        return {"error": [f"timed out after {timeout:.0f} s"] + _failure(said, log)[:1]}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
-    return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["failed"]}
+    return {"error": _failure(proc.stderr + proc.stdout, log)}
 
 
 def main(argv=None):
@@ -183,6 +198,8 @@ def main(argv=None):
                    help="config overrides for every configuration, e.g. train.onehot_gather=false")
     p.add_argument("--malloc", default="tuned", choices=["tuned", "default"],
                    help="glibc malloc thresholds as `run.tune_malloc` sets them, or glibc's own")
+    p.add_argument("--log-dir", default="", help="where a failed configuration's whole "
+                   "output goes (a file per configuration)")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", default="benchmarks/results/train_step.json")
     a = p.parse_args(argv)
@@ -244,8 +261,10 @@ def main(argv=None):
                                      *(["--set", *a.set] if a.set else []),
                                      "--threads", str(torch.get_num_threads())]
                             limits = [x for x in (a.timeout, left) if x]
+                            log = Path(a.log_dir) / f"{size}-{obs}-{action}-{mode}-{prec}.err" \
+                                if a.log_dir else None
                             r = run_isolated(child + (["--compile"] if comp else []),
-                                             timeout=min(limits) if limits else None)
+                                             timeout=min(limits) if limits else None, log=log)
                         if "error" in r:
                             print(f"{head} failed: {r['error']}", flush=True)
                             rows.append({"size": size, "obs": obs, "action": action,

@@ -135,8 +135,12 @@ def test_graphed_updates_equal_eager_updates(monkeypatch, obs, gather):
         for k in m_e:
             assert m_g[k] == pytest.approx(m_e[k], rel=1e-3, abs=1e-5), (i, k)
     assert graphed.updates == eager.updates == 4
+    # Adam moves a parameter by up to ~lr per step whatever its gradient's size, so a
+    # gradient near 0 whose sign differs by rounding (another cuBLAS algorithm under capture)
+    # moves it 2 lr the other way: the state may differ by a few lr (1e-4); the losses
+    # above, which every later step depends on, are the strict check.
     for a, b in zip(_state(eager), _state(graphed)):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
 
 
 @cuda
