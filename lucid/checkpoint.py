@@ -119,19 +119,28 @@ def _fsync_dir(d: Path) -> None:
 
 
 def rng_state() -> dict:
+    """Python's, numpy's and torch's random states; and every GPU's, where CUDA is in use."""
     import torch
-    return {
+    state = {
         "python": _encode_py_state(random.getstate()),
         "numpy": _encode_np_state(np.random.get_state()),
         "torch": torch.get_rng_state(),
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
+    """The states of `rng_state`; the GPUs' where this machine has as many (a GPU run resumed
+    on a CPU draws its samples from the CPU's generator)."""
     import torch
     random.setstate(_decode_py_state(state["python"]))
     np.random.set_state(_decode_np_state(state["numpy"]))
     torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available() and torch.cuda.device_count() >= len(cuda):
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def _encode_py_state(s):

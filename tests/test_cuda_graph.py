@@ -160,3 +160,15 @@ def test_graphed_update_skips_a_nonfinite_batch_and_checks_shapes(gather):
     short["obs"] = {"vector": batch["obs"]["vector"][:, :4]}
     with pytest.raises(ValueError, match="replays one batch shape"):
         agent.train(short)
+
+
+@cuda
+def test_checkpoints_keep_the_gpus_random_state():
+    from lucid.checkpoint import rng_state, set_rng_state
+    torch.randn(3, device="cuda")
+    saved = rng_state()
+    assert "cuda" in saved
+    first = torch.randn(5, device="cuda")
+    torch.randn(7, device="cuda")
+    set_rng_state(saved)
+    assert torch.equal(torch.randn(5, device="cuda"), first)
