@@ -27,6 +27,7 @@ TASKS = {
     "cartpole": ("CartPole-v1", "cpu-control", 450.0, 10.0, []),
     "pendulum": ("Pendulum-v1", "cpu-control", -250.0, 30.0, []),
     "minigrid": ("minigrid:Empty-5x5", "cpu-pixels", 0.85, 30.0, []),
+    "walker": ("dmc:walker-walk", "cpu-control", 200.0, 45.0, []),
 }
 
 
