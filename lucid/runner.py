@@ -42,10 +42,10 @@ class Restarting(gym.Wrapper):
         self._streak += 1
         if self.restarts > self.max_restarts:
             failed = self._streak - 1  # rebuilt envs that raised before a step succeeded
+            which = "the rebuilt env" if failed == 1 else f"each of the last {failed} rebuilt envs"
             hint = "" if failed < 1 else (
-                f"; {'the rebuilt env' if failed == 1 else f'each of the last {failed} rebuilt envs'}"
-                f" raised before completing a step, so the fault is not transient: fix the env "
-                f"(env.max_restarts=0 stops at its first error)")
+                f"; {which} raised before completing a step, so the fault is not transient: "
+                f"fix the env (env.max_restarts=0 stops at its first error)")
             raise EnvError(f"the environment raised in {where} more than "
                            f"env.max_restarts={self.max_restarts} times; last error: "
                            f"{type(exc).__name__}: {exc}{hint}") from exc

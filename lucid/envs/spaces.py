@@ -189,7 +189,8 @@ class ObsSpec:
                 if x.shape != (*batch_shape, *self.shape(key)):
                     raise ValueError(f"{self._what(key)} has shape {x.shape}, expected "
                                      f"{(*batch_shape, *self.shape(key))}")
-                idx = x.reshape(*batch_shape, len(nvec)).astype(np.int64) - self.discrete_start[key]
+                idx = x.reshape(*batch_shape, len(nvec)).astype(np.int64)
+                idx = idx - self.discrete_start[key]
                 if np.any((idx < 0) | (idx >= np.asarray(nvec))):
                     raise ValueError(f"{self._what(key)} = {x} lies outside its "
                                      f"{'Discrete' if not self.shape(key) else 'MultiDiscrete'} "
