@@ -123,8 +123,14 @@ class Dreamer:
         state=None every row starts a new episode; `episode_start` (a bool, or N bools)
         marks the rows whose episode starts at this observation, as after a reset."""
         spec = self.trainer.obs_spec
+        top_tuple = any(isinstance(p[0], int) for p in spec.paths.values() if p)
+        if isinstance(obs, tuple) and len(obs) == 2 and isinstance(obs[1], dict) \
+                and not top_tuple:
+            raise TypeError("predict got a pair (observation, info), as env.reset() returns "
+                            "it; pass the observation alone: obs, info = env.reset()")
         n = spec.batch_of(obs)
         batched = n is not None
+        spec.check(obs, (n,) if batched else ())  # as strict as training, and named
         arrays = spec.convert(obs, (n,) if batched else ())
         if not batched:
             arrays, n = {k: v[None] for k, v in arrays.items()}, 1

@@ -57,10 +57,14 @@ class Restarting(gym.Wrapper):
             pass
         self.env = self._make()
 
+    last_obs = None  # the env's last observation, as it gave it (for Collector's messages)
+
     def reset(self, **kwargs):
         while True:
             try:
-                return self.env.reset(**kwargs)
+                out = self.env.reset(**kwargs)
+                self.last_obs = out[0]
+                return out
             except Exception as exc:  # noqa: BLE001
                 self._restart(exc, "reset")
 
@@ -72,6 +76,7 @@ class Restarting(gym.Wrapper):
             obs, info = self.reset()
             return obs, 0.0, False, True, {**info, "env_restarted": True}
         self._streak = 0
+        self.last_obs = out[0]
         return out
 
 
@@ -99,7 +104,10 @@ class Collector:
         self.envs = cls(self.env_fns, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
         self.n = self.envs.num_envs
         self.envs.action_space.seed(self.seed)
-        obs, _ = self.envs.reset(seed=self.seed)
+        try:
+            obs, _ = self.envs.reset(seed=self.seed)
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            raise self._named(exc) from exc
         self.obs = self.obs_spec.convert(obs, (self.n,))
         self.reward = np.zeros(self.n, np.float32)
         self.is_first = np.ones(self.n, bool)
@@ -133,7 +141,10 @@ class Collector:
         self.ep_return[self.is_last] = 0.0
         self.ep_length[self.is_last] = 0
 
-        obs, reward, term, trunc, info = self.envs.step(env_action)
+        try:
+            obs, reward, term, trunc, info = self.envs.step(env_action)
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            raise self._named(exc) from exc
         self.info = info
         if "env_restarted" in info:
             self.restarts += int(np.sum(info.get("_env_restarted", info["env_restarted"])))
@@ -149,6 +160,20 @@ class Collector:
         self.ep_length += ~self.is_first
         return record, finished
 
+    def _named(self, exc: Exception) -> Exception:
+        """The vector env failed to batch the observations (a wrong shape, dtype or key, in
+        numpy's words): the same mistake named by the observation key, from each env's last
+        observation where `Restarting` kept it; else the original error."""
+        for env in getattr(self.envs, "envs", []):
+            obs = getattr(env, "last_obs", None)
+            if obs is None:
+                continue
+            try:
+                self.obs_spec.check(obs)
+            except (ValueError, KeyError) as named:
+                return named
+        return exc
+
     def close(self):
         self.envs.close()
 
@@ -158,7 +183,8 @@ def evaluate(agent, env_fn: Callable[[], gym.Env], obs_spec: ObsSpec, act_spec: 
              num_envs: int = 1) -> list[Episode]:
     """Run `episodes` full episodes with the agent's greedy (or sampled) policy. An env whose
     episodes do not end within EVAL_MAX_STEPS steps each is stopped with a warning (it has
-    no time limit), and the episodes finished by then are returned."""
+    no time limit): the episodes finished by then are returned, then the running ones with
+    their returns so far."""
     col = Collector([env_fn] * num_envs, obs_spec, act_spec, seed=seed)
     done: list[Episode] = []
     steps = 0
@@ -170,7 +196,9 @@ def evaluate(agent, env_fn: Callable[[], gym.Env], obs_spec: ObsSpec, act_spec: 
             if steps > EVAL_MAX_STEPS * episodes:
                 warnings.warn(f"evaluation stopped after {steps:,} steps with {len(done)} of "
                               f"{episodes} episodes finished: this env's episodes do not end; "
-                              f"give it a time limit (env.max_episode_steps=N)")
+                              f"the rest are cut (their returns are partial); give it a time "
+                              f"limit (env.max_episode_steps=N)")
+                done += [Episode(float(r), int(n)) for r, n in zip(col.ep_return, col.ep_length)]
                 break
     finally:
         col.close()

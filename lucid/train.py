@@ -130,6 +130,7 @@ def default_run_dir(cfg: Config) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-s{cfg.run.seed}"
 
 
+NO_EPISODE_NOTE = 10_000  # env steps without a finished episode before a run says so
 VIEW_STEPS = 2**15  # replay steps a run loaded with learn=False (eval, dream) holds
 
 
@@ -219,6 +220,7 @@ def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
 
 def _fits(env_id: str, spec: ObsSpec, space, obs, what: str) -> None:
     try:
+        spec.check(obs)
         spec.convert(obs)
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise ValueError(f"{env_id}'s {what} does not fit its observation_space {space}: "
@@ -424,6 +426,7 @@ class Trainer:
         last_log = last_ckpt = time.time()
         last_ckpt_steps = c["env_steps"]
         bad_in_row = 0
+        endless_noted = c["episodes"] > 0
         log_steps, log_updates = c["env_steps"], c["updates"]
         # Batches for the updates: sampled on a background thread with train.prefetch.
         self._batches = Prefetcher(self.replay, t.batch_size, t.batch_length, self.device,
@@ -447,6 +450,13 @@ class Trainer:
                         f"{self.resume_hint()}") from exc
                 self.achievements.update(getattr(self.collector, "info", None) or {})
                 c["env_steps"] += n
+                if not endless_noted and c["env_steps"] >= NO_EPISODE_NOTE:
+                    endless_noted = True
+                    if not (c["episodes"] or finished) and self.rank == 0:
+                        print(f"note: no episode has ended in {c['env_steps']:,} env steps; "
+                              f"if this env has no time limit, give it one "
+                              f"(env.max_episode_steps=N): returns, episodes.jsonl and "
+                              f"evaluations come from finished episodes")
                 for ep in finished:
                     c["episodes"] += 1
                     self.recent = (self.recent + [ep.ret])[-10:]

@@ -86,3 +86,37 @@ class NestedEnv(gym.Env):
         self.t += 1
         self.last = np.asarray(action, np.int8)
         return self._obs(), float(self.last.sum()), False, self.t >= 12, {}
+
+
+class LaterBrokenEnv(gym.Env):
+    """Dict observations {"cam": 16x16x3 uint8, "b": Box(3,)} that fit their space until step
+    `at`, then show one `mistake`: "shape" (b has 4 values), "missing_key" (no b) or "dtype"
+    (cam as float64 pixels). With at=0 the first observation already has it."""
+
+    def __init__(self, mistake: str = "none", at: int = 3):
+        self.observation_space = gym.spaces.Dict({
+            "cam": gym.spaces.Box(0, 255, (16, 16, 3), np.uint8),
+            "b": gym.spaces.Box(-1, 1, (3,), np.float32)})
+        self.action_space = gym.spaces.Discrete(2)
+        self.mistake, self.at, self.t = mistake, at, 0
+
+    def _obs(self):
+        obs = {"cam": np.full((16, 16, 3), self.t % 255, np.uint8),
+               "b": np.zeros(3, np.float32)}
+        if self.t >= self.at:
+            if self.mistake == "shape":
+                obs["b"] = np.zeros(4, np.float32)
+            elif self.mistake == "missing_key":
+                del obs["b"]
+            elif self.mistake == "dtype":
+                obs["cam"] = obs["cam"].astype(np.float64)
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), 1.0, False, self.t >= 50, {}

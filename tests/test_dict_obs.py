@@ -1,3 +1,5 @@
+import re
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -274,3 +276,47 @@ def test_a_custom_env_with_nested_observations_and_multibinary_actions_trains_an
         actions, _ = agent.predict(batch, deterministic=True)
         assert actions.shape == (3, 3) and all(env.action_space.contains(a) for a in actions)
         assert len(agent.evaluate(1)) == 1
+
+
+def test_dict_spaces_with_integer_keys_are_dicts_not_tuples():
+    spec = ObsSpec.from_space(gym.spaces.Dict({0: gym.spaces.Box(-1, 1, (2,)),
+                                               1: gym.spaces.Discrete(3)}))
+    got = spec.convert({1: 2, 0: np.array([0.5, -0.5])})
+    np.testing.assert_array_equal(got["0"], [0.5, -0.5])
+    np.testing.assert_array_equal(got["1"], [0, 0, 1])
+    try:
+        spec.convert({0: np.zeros(2)})
+    except KeyError as exc:  # shown as its message, not a quoted key
+        assert str(exc) == "observation is missing key '1' (has [0])"
+    else:
+        raise AssertionError("a missing key was accepted")
+
+
+def test_predict_is_as_strict_as_training_and_names_the_mistake(tmp_path):
+    from lucid import Dreamer
+    from envs_for_tests import LaterBrokenEnv
+    agent = Dreamer(LaterBrokenEnv(), size="nano")
+    obs, info = LaterBrokenEnv().reset(seed=0)
+    action, _ = agent.predict(obs)
+    assert int(action) in (0, 1)
+    cases = [((obs, info), TypeError, r"pair \(observation, info\).*obs, info = env.reset\(\)"),
+             (dict(obs, cam=obs["cam"] / 255.0), ValueError,
+              "observation 'cam' is float64, which its space's dtype uint8 cannot hold"),
+             (dict(obs, b=np.zeros((3, 1))), ValueError,
+              r"observation 'b' has shape \(3, 1\), expected \(3,\)"),
+             ({"cam": obs["cam"]}, KeyError, "observation is missing key 'b'")]
+    for bad, error, message in cases:
+        try:
+            agent.predict(bad)
+        except error as exc:
+            assert re.search(message, str(exc)), str(exc)
+        else:
+            raise AssertionError(f"predict accepted {message}")
+    discrete = Dreamer("FrozenLake-v1", size="nano")
+    assert int(discrete.predict(3)[0]) in range(4)
+    try:
+        discrete.predict(2.5)  # a float for a Discrete observation: not rounded silently
+    except ValueError as exc:
+        assert "is float64, which its space's dtype int64 cannot hold" in str(exc)
+    else:
+        raise AssertionError("predict took 2.5 for a Discrete observation")

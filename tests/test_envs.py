@@ -84,6 +84,30 @@ def test_unknown_names_get_suggestions():
         make_env("atari:")
     with pytest.raises(TypeError, match="unknown Atari option"):
         make_env("atari:Pong", grey=True)
+    # another version of the same gymnasium env first (not tabular/CliffWalking-v0)
+    with pytest.raises(UnknownEnvError, match=r"did you mean CliffWalking-v1\?"):
+        make_env("CliffWalking-v0")
+    with pytest.raises(UnknownEnvError, match=r"did you mean CartPole-v1"):
+        make_env("CartPol-v1")
+
+
+def test_a_registered_env_that_needs_a_missing_module_names_it():
+    import gymnasium as gym
+    gym.register("LucidTestNeedsAModule-v0", entry_point="no_such_pkg_for_lucid.envs:Env")
+    try:
+        with pytest.raises(ImportError, match="LucidTestNeedsAModule-v0 needs the package "
+                                              "'no_such_pkg_for_lucid'.*pip install"):
+            make_env("LucidTestNeedsAModule-v0")
+    finally:
+        del gym.registry["LucidTestNeedsAModule-v0"]
+
+
+def test_images_whose_sides_are_not_divisible_by_16_are_refused_with_the_resize():
+    import gymnasium as gym
+    with pytest.raises(TypeError, match=r"image observation at key 'cam' is 84x84; .*"
+                                        r"ResizeObservation\(env, \(64, 64\)\)"):
+        ObsSpec.from_space(gym.spaces.Dict({"cam": gym.spaces.Box(0, 255, (84, 84, 3),
+                                                                  np.uint8)}))
 
 
 def test_env_fn_is_picklable_for_async_vector_envs():

@@ -320,6 +320,52 @@ def test_a_custom_envs_mistakes_are_named_before_anything_is_written(tmp_path, m
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("mistake,message", [
+    ("shape", r"observation 'b' has shape \(4,\), expected \(3,\)"),
+    ("missing_key", r"observation is missing key 'b' \(has \['cam'\]\)"),
+    ("dtype", r"observation 'cam' is float64, which its space's dtype uint8 cannot hold: "
+              r"return it as uint8"),
+])
+def test_an_observation_that_stops_fitting_its_space_is_named_by_its_key(tmp_path, mistake,
+                                                                        message):
+    """gymnasium's vector env refuses such observations in numpy's words ('Output array is
+    the wrong shape', 'Cannot cast array data'), or as a bare KeyError: 'b'; the run names
+    the key, at the start before any file is written, and later with a checkpoint."""
+    first = _cfg(tmp_path / "first", env={"id": "envs_for_tests:LaterBrokenEnv",
+                                          "kwargs": {"mistake": mistake, "at": 0}})
+    with pytest.raises((ValueError, KeyError), match=message):
+        Trainer(first)
+    assert not (tmp_path / "first").exists()
+    cfg = _cfg(tmp_path / "later", env={"id": "envs_for_tests:LaterBrokenEnv",
+                                        "kwargs": {"mistake": mistake, "at": 3}},
+               run={"steps": 100})
+    tr = Trainer(cfg)
+    with pytest.raises(EnvError, match=message + r".*\(at 2 env steps\); stopped with a "
+                                                  r"checkpoint") as err:
+        tr.run()
+    tr.close()
+    assert "\"" not in str(err.value).split(";")[0]  # a message, not a quoted KeyError
+    assert list_checkpoints(tmp_path / "later")
+
+
+def test_a_run_whose_episodes_never_end_says_so_once(tmp_path, monkeypatch, capsys):
+    import lucid.train
+    monkeypatch.setattr(lucid.train, "NO_EPISODE_NOTE", 40)
+    cfg = _cfg(tmp_path, env={"id": "envs_for_tests:CountEnv", "kwargs": {"terminate": False}},
+               run={"steps": 80})
+    tr = Trainer(cfg)
+    tr.run()
+    tr.close()
+    out = capsys.readouterr().out
+    assert out.count("note: no episode has ended in 40 env steps; if this env has no time "
+                     "limit, give it one (env.max_episode_steps=N)") == 1
+    ends = _cfg(tmp_path / "ends", env={"id": "envs_for_tests:CountEnv"}, run={"steps": 80})
+    tr = Trainer(ends)  # CountEnv ends every 3 steps: nothing to say
+    tr.run()
+    tr.close()
+    assert "no episode has ended" not in capsys.readouterr().out
+
+
 def test_eval_and_callback_failures_keep_the_run(tmp_path, monkeypatch):
     """An env that never ends an episode stops evaluating with a warning (no hang); a
     failing evaluation costs the evaluation only; a raising callback leaves a checkpoint."""
@@ -329,8 +375,9 @@ def test_eval_and_callback_failures_keep_the_run(tmp_path, monkeypatch):
                               "max_episode_steps": 30})
     tr = Trainer(cfg)
     tr.cfg.env.max_episode_steps = None  # evaluation envs without a time limit
-    with pytest.warns(UserWarning, match="episodes do not end; give it a time limit"):
-        assert tr.evaluate(2) == []
+    with pytest.warns(UserWarning, match="episodes do not end; the rest are cut .*time limit"):
+        cut = tr.evaluate(2)  # the running episode, with its return so far (reward = step)
+    assert [(e.ret, e.length) for e in cut] == [(sum(range(1, 102)), 101)]
     tr.cfg.env.id = "no_such_module:Env"  # evaluation fails; training goes on
     tr.cfg.run.eval_every = 25
     with pytest.warns(UserWarning, match="evaluation at .* env steps failed"):

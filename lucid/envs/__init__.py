@@ -232,7 +232,10 @@ def make_env(env_id: str, max_episode_steps: int | None = None, render_mode: str
         from .atari import _register
         _register()
     if env_id not in gym.registry:
-        close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
+        name = env_id.rpartition("-v")[0] or env_id
+        versions = [k for k in gym.registry if k.rpartition("-v")[0] == name]  # Taxi-v3 -> v4
+        close = versions or difflib.get_close_matches(env_id, list(gym.registry), n=3,
+                                                      cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise UnknownEnvError(f"unknown environment {env_id!r}{hint} (any registered gymnasium "
                               f"id, a suite such as atari:Pong or dmc:walker-walk, or "
@@ -244,6 +247,9 @@ def make_env(env_id: str, max_episode_steps: int | None = None, render_mode: str
     except gym.error.DependencyNotInstalled as exc:  # e.g. Box2D envs without box2d
         raise ImportError(f"{env_id} needs a package that is not installed: "
                           f"{' '.join(str(exc).split())}") from None
+    except ModuleNotFoundError as exc:  # e.g. gymnasium's tabular/ and phys2d/ envs: jax
+        raise ImportError(f"{env_id} needs the package {exc.name!r}, which is not installed "
+                          f"(pip install {exc.name})") from None
 
 
 def env_fn(env_id: str, max_episode_steps: int | None = None, **options: Any

@@ -21,6 +21,14 @@ SUPPORTED_ACT = "Discrete, MultiDiscrete, MultiBinary or Box"
 LEAVES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 
 
+class ObservationKeyError(KeyError):
+    """An observation without a key (or Tuple item) of its space; shown as its message, not
+    quoted as KeyError shows its key."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def _leaves(space: gym.Space, path: tuple = ()):
     """(path, leaf space) of every leaf of a Dict/Tuple space, in order; a path is the Dict
     keys and Tuple indices that lead to the leaf."""
@@ -81,6 +89,7 @@ class ObsSpec:
     discrete_start: dict[str, np.ndarray] = field(default_factory=dict)  # key -> starts (start=)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # key -> one obs's shape
     paths: dict[str, tuple] = field(default_factory=dict)  # key -> its place in a Dict/Tuple obs
+    dtypes: dict[str, np.dtype] = field(default_factory=dict)  # key -> its space's dtype
 
     @classmethod
     def from_space(cls, space: gym.Space) -> "ObsSpec":
@@ -102,7 +111,14 @@ class ObsSpec:
                                  f"are joined with '/'; rename one of them")
             spec.paths[name] = path
             spec.shapes[name] = tuple(int(d) for d in sub.shape)
+            spec.dtypes[name] = np.dtype(sub.dtype)
             if image:
+                h, w, _ = spec.shapes[name]
+                if h % 16 or w % 16:
+                    raise TypeError(f"the image observation{where} is {h}x{w}; lucid's image "
+                                    f"encoder needs sides divisible by 16: resize it, e.g. with "
+                                    f"gymnasium.wrappers.ResizeObservation(env, (64, 64)), the "
+                                    f"paper's size")
                 spec.images[name] = spec.shapes[name]
                 spec.image_scale[name] = _image_scale(sub, where)
             elif isinstance(sub, (gym.spaces.Box, gym.spaces.MultiBinary)):
@@ -149,15 +165,34 @@ class ObsSpec:
     def leaf(self, obs, key: str):
         """The part of an env observation (one, or a batch) that `key` names."""
         for step in self.paths[key]:
-            if isinstance(step, str):
-                if not isinstance(obs, dict) or step not in obs:
-                    raise KeyError(f"observation is missing key {key!r} (has "
-                                   f"{list(obs) if isinstance(obs, dict) else type(obs).__name__})")
-            elif not isinstance(obs, (tuple, list)) or step >= len(obs):
-                raise KeyError(f"observation has no item {key!r}: its Tuple space has more "
-                               f"items than the observation ({type(obs).__name__})")
+            if isinstance(obs, dict):  # a Dict space's keys may be any hashable, ints too
+                if step not in obs:
+                    raise ObservationKeyError(f"observation is missing key {key!r} (has "
+                                              f"{list(obs)})")
+            elif not (isinstance(obs, (tuple, list)) and isinstance(step, int)
+                      and step < len(obs)):
+                raise ObservationKeyError(
+                    f"observation has no item {key!r}: it is {type(obs).__name__}"
+                    f"{f' of {len(obs)}' if isinstance(obs, (tuple, list)) else ''}, where "
+                    f"the space has a {'Dict' if isinstance(step, str) else 'Tuple'} there")
             obs = obs[step]
         return obs
+
+    def check(self, obs, batch_shape: tuple[int, ...] = ()) -> None:
+        """Refuse, naming the key, an observation (or a batch) that does not fit its space:
+        a missing key, another shape, or a dtype the space's cannot hold (float pixels for a
+        uint8 image), which gymnasium's vector envs would refuse without naming the key."""
+        for key in self.keys():
+            x = np.asarray(self.leaf(obs, key))
+            want = (*batch_shape, *self.shape(key))
+            if x.shape != want:
+                raise ValueError(f"{self._what(key)} has shape {x.shape}, expected {want}")
+            dtype = self.dtypes[key]
+            if not np.can_cast(x.dtype, dtype, "same_kind"):
+                raise ValueError(
+                    f"{self._what(key)} is {x.dtype}, which its space's dtype {dtype} cannot "
+                    f"hold: return it as {dtype} (e.g. obs.astype(np.{dtype})), or declare "
+                    f"the space with dtype {x.dtype}")
 
     def batch_of(self, obs) -> int | None:
         """None for one observation, N for a batch of N (a leading axis), judged by the
@@ -192,9 +227,13 @@ class ObsSpec:
                 idx = x.reshape(*batch_shape, len(nvec)).astype(np.int64)
                 idx = idx - self.discrete_start[key]
                 if np.any((idx < 0) | (idx >= np.asarray(nvec))):
-                    raise ValueError(f"{self._what(key)} = {x} lies outside its "
-                                     f"{'Discrete' if not self.shape(key) else 'MultiDiscrete'} "
-                                     f"space")
+                    start, what = self.discrete_start[key], self._what(key)
+                    if not self.shape(key):
+                        raise ValueError(f"{what} = {x.tolist()} lies outside its Discrete "
+                                         f"space ({start[0]} to {start[0] + nvec[0] - 1})")
+                    raise ValueError(f"{what} = {x.tolist()} lies outside its MultiDiscrete "
+                                     f"space (entries from {start.tolist()} to "
+                                     f"{(start + np.asarray(nvec) - 1).tolist()})")
                 x = np.concatenate([np.eye(n, dtype=np.float32)[idx[..., j]]
                                     for j, n in enumerate(nvec)], -1)
             else:
