@@ -3,9 +3,10 @@ variant that imports lucid from another checkout (`--tree`)."""
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+from procs import run_grouped
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -14,11 +15,11 @@ def test_ab_times_two_checkouts_against_each_other(tmp_path):
     tree = tmp_path / "other"
     shutil.copytree(ROOT / "lucid", tree / "lucid")
     out = tmp_path / "ab.json"
-    run = subprocess.run(
+    run = run_grouped(
         [sys.executable, str(ROOT / "benchmarks" / "ab.py"), "--size", "nano", "--batch", "2",
          "--length", "4", "--threads", "1", "--warmup", "1", "--rounds", "3",
          "--variant", "here=", "--variant", f"there=--tree {tree} --set train.pad_bins=false",
-         "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+         "--json", str(out)], timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert f"lucid from {tree / 'lucid'}" in run.stdout
     assert f"lucid from {ROOT / 'lucid'}" in run.stdout
@@ -31,8 +32,8 @@ def test_ab_times_two_checkouts_against_each_other(tmp_path):
 
 
 def test_ab_refuses_a_tree_without_lucid(tmp_path):
-    run = subprocess.run(
+    run = run_grouped(
         [sys.executable, str(ROOT / "benchmarks" / "ab.py"), "--variant", "a=",
-         "--variant", f"b=--tree {tmp_path}"], capture_output=True, text=True, timeout=60)
+         "--variant", f"b=--tree {tmp_path}"], timeout=60)
     assert run.returncode == 2
     assert "holds no lucid/__init__.py" in run.stderr and "git worktree add" in run.stderr

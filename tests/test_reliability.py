@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from procs import kill_group, popen_grouped, run_grouped
+
 from lucid.checkpoint import list_checkpoints, load_latest
 from lucid.config import ConfigError, make_config
 from lucid.replay import Replay, to_batch
@@ -419,7 +421,7 @@ def test_one_training_process_per_run_directory_and_loading_one_changes_nothing(
                                               rf"{holder.pid}\)"):
             Trainer(make_config("default", run={"steps": 60}), tmp_path, resume=True)
     finally:
-        holder.communicate("")
+        holder.communicate("", timeout=60)
     assert files() == before
     # eval and dream load it without the lock, into memory, and write nothing
     view = Trainer(make_config("default", run={"steps": 0}), tmp_path, resume=True, learn=False)
@@ -557,8 +559,8 @@ def test_a_full_disk_stops_the_run_at_its_last_checkpoint_with_the_fix_named(tmp
     assert list_checkpoints(run)[-1].name == final
     # a full disk under any other command is one line too, naming the file
     (tmp_path / "r.html.tmp").symlink_to("/dev/full")
-    r = subprocess.run([sys.executable, "-m", "lucid", "report", str(run), "--out",
-                        str(tmp_path / "r.html")], capture_output=True, text=True)
+    r = run_grouped([sys.executable, "-m", "lucid", "report", str(run), "--out",
+                     str(tmp_path / "r.html")], timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"no space left on the disk ({tmp_path / 'r.html'})" in r.stderr
 
@@ -612,10 +614,21 @@ def _wait_for_checkpoint(run_dir, proc, timeout=120):
         time.sleep(0.05)
 
 
-def _start(run_dir, log, env, resume=True):
-    out = open(log, "w")
-    return subprocess.Popen(_train_cmd(run_dir, 100_000, resume=resume), cwd=ROOT, env=env,
-                            stdout=out, stderr=subprocess.STDOUT)
+@pytest.fixture
+def started():
+    """The training processes a test starts (`_start`), killed when it ends, also on failure:
+    each trains for 100,000 steps unless stopped."""
+    procs = []
+    yield procs
+    for proc in procs:
+        kill_group(proc)
+
+
+def _start(started, run_dir, log, env, resume=True):
+    with open(log, "w") as out:
+        started.append(popen_grouped(_train_cmd(run_dir, 100_000, resume=resume), cwd=ROOT,
+                                     env=env, stdout=out, stderr=subprocess.STDOUT))
+    return started[-1]
 
 
 def _wait_for_line(log, text, proc, timeout=120):
@@ -630,12 +643,12 @@ def _wait_for_line(log, text, proc, timeout=120):
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_then_resume(tmp_path):
+def test_sigkill_at_random_moments_then_resume(tmp_path, started):
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     rng = random.Random(0)
     history = []
-    proc = _start(run_dir, tmp_path / "log0", env, resume=False)
+    proc = _start(started, run_dir, tmp_path / "log0", env, resume=False)
     _wait_for_checkpoint(run_dir, proc)
     for i in range(6):
         time.sleep(rng.uniform(0.3, 2.5))
@@ -643,7 +656,8 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
             proc.send_signal(signal.SIGINT)  # SIGINT saves a checkpoint and exits cleanly
             assert proc.wait(60) == 128 + signal.SIGINT  # saved, said so, exit status 130
             assert "interrupted at " in Path(tmp_path / "log5").read_text()
-            proc = _start(run_dir, tmp_path / "log-torn", {**env, "LUCID_TEST_KILL_IN_CHECKPOINT": "1"})
+            proc = _start(started, run_dir, tmp_path / "log-torn",
+                          {**env, "LUCID_TEST_KILL_IN_CHECKPOINT": "1"})
             assert proc.wait(120) == -signal.SIGKILL
             assert list((run_dir / "checkpoints").glob("*.tmp")), "no torn checkpoint left"
         else:
@@ -654,7 +668,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
         # every chunk that reached the disk is restored, at least up to the checkpoint
         assert on_disk.count >= payload["replay_count"]
         history.append((payload["counters"]["env_steps"], payload["counters"]["updates"]))
-        proc = _start(run_dir, tmp_path / f"log{i + 1}", env)
+        proc = _start(started, run_dir, tmp_path / f"log{i + 1}", env)
         line = _wait_for_line(tmp_path / f"log{i + 1}", "resumed from", proc)
         assert f"at {history[-1][0]} env steps, {history[-1][1]} updates" in line, line
         assert f"replay holds {on_disk.count} steps" in line, line

@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import torch
 import torch.multiprocessing as mp
 
 from determinism import deterministic_sampling
+from procs import kill_group, popen_grouped, run_grouped
 from lucid.config import make_config
 
 B, T, H, UPDATES = 3, 8, 4, 3
@@ -251,7 +251,7 @@ def test_torchrun_cli_two_learners(tmp_path):
            "env.num_envs=2", "train.batch_size=3", "train.batch_length=8", "train.horizon=4",
            "train.prefill=40", "train.train_ratio=16", "run.dist_check_every=2",
            "run.log_every=0", "run.progress=false", "run.videos=false"]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    res = run_grouped(cmd, env=env, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     _check_dp_run(run, last["env_steps"], last["updates"], last["dist/param_checks"])
@@ -273,15 +273,15 @@ def test_torchrun_two_nodes_rendezvous(tmp_path):
              "train.batch_length=8", "train.horizon=4", "train.prefill=40",
              "train.train_ratio=16", "run.dist_check_every=2", "run.log_every=0",
              "run.progress=false", "run.videos=false"] for node in (0, 1)]
-    procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for c in cmds]
+    procs = [popen_grouped(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True) for c in cmds]
     outs = []
     try:
         for proc in procs:
             outs.append(proc.communicate(timeout=300)[0])
     finally:
         for proc in procs:
-            proc.kill()
+            kill_group(proc)
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert (run / "replay-rank1").is_dir()  # the second node's learner kept its own replay
@@ -302,22 +302,20 @@ def test_ray_runners_keep_the_train_ratio_and_replace_a_killed_runner(tmp_path):
     tr = Trainer(cfg)
     killed = {}
 
-    def kill_runner_mid_run():
-        while tr.counters["env_steps"] < 160 and not tr._stop:
-            time.sleep(0.02)
-        killed["pid"] = ray.get(tr.collector.runners[0].ping.remote())
-        killed["at"] = tr.counters["env_steps"]
-        ray.kill(tr.collector.runners[0])
+    def kill_runner_mid_run(info):  # from the training loop, at an episode's end
+        if not killed and info["env_steps"] >= 160:
+            killed["at"] = info["env_steps"]
+            ray.kill(tr.collector.runners[0])
 
-    thread = threading.Thread(target=kill_runner_mid_run, daemon=True)
     try:
-        thread.start()
-        tr.run()
+        tr.collector.start()
+        killed_pid = ray.get(tr.collector.runners[0].ping.remote())
+        tr.run(callback=kill_runner_mid_run)
         c = tr.counters
         assert killed and killed["at"] < c["env_steps"]
         assert tr.collector.runner_restarts == 1 and tr.collector.dropped_chunks == 1
         new_pid = ray.get(tr.collector.runners[0].ping.remote())
-        assert new_pid != killed["pid"]
+        assert new_pid != killed_pid
         # the train ratio, exactly, over the steps the learner received
         assert c["env_steps"] >= 320 and c["env_steps"] % 16 == 0  # chunks of 2 envs x 8
         assert c["updates"] == math.floor((c["env_steps"] - prefill) * ratio / (4 * 16)) > 0
@@ -389,7 +387,7 @@ def test_ray_runners_feed_two_learners(tmp_path):
            "train.prefill=64", "train.train_ratio=16", "run.runner_chunk=8",
            "run.dist_check_every=2", "run.log_every=0", "run.progress=false",
            "run.videos=false"]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    res = run_grouped(cmd, env=env, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["env_steps"] >= 256 and last["env_steps"] % 32 == 0  # 2 ranks x 2 envs x 8

@@ -1,11 +1,12 @@
 """`run.tune_malloc` (lucid/system.py): freed blocks of a few MB are reused, not re-faulted."""
 
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from procs import run_grouped
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"  # train_step's test batches
 
@@ -45,8 +46,9 @@ PROBE = textwrap.dedent("""
 
 def probe(code: str, mode: str) -> list[str]:
     """Run a probe in a fresh process (`mode` "tuned" or "default"); the words it prints."""
-    return subprocess.run([sys.executable, "-c", code, mode, str(BENCHMARKS)],
-                          capture_output=True, text=True, check=True).stdout.split()
+    out = run_grouped([sys.executable, "-c", code, mode, str(BENCHMARKS)], timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
 
 
 def test_tuned_malloc_update_needs_almost_no_fresh_pages():
@@ -113,6 +115,6 @@ def test_trainer_applies_it_only_when_configured(tmp_path):
         print(system._tuned)
     """)
     for flag, expect in (("false", "False"), ("true", "True")):
-        out = subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True)
+        out = run_grouped([sys.executable, "-c", code, flag], timeout=300)
         assert out.returncode == 0, out.stderr
         assert out.stdout.split()[-1] == expect

@@ -14,6 +14,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from procs import run_grouped
+
 from lucid import video
 from lucid.agent import Agent
 from lucid.cli import app
@@ -414,7 +416,6 @@ def _chromium():
 
 @pytest.mark.skipif(_chromium() is None, reason="no headless Chromium on this machine")
 def test_report_renders_in_headless_chromium(runs, tmp_path):
-    import subprocess
     run = tmp_path / "run"
     shutil.copytree(runs[0], run)
     video.write_video(run / "videos" / "dream.mp4", np.zeros((4, 16, 16, 3), np.uint8), fps=4)
@@ -422,10 +423,11 @@ def test_report_renders_in_headless_chromium(runs, tmp_path):
     shot = tmp_path / "shot.png"
     base = [_chromium(), "--headless", "--disable-gpu", "--no-sandbox", "--hide-scrollbars",
             "--window-size=1200,1600"]
-    subprocess.run([*base, f"--screenshot={shot}", page.as_uri()], check=True, timeout=60,
-                   capture_output=True)
+    done = run_grouped([*base, f"--screenshot={shot}", page.as_uri()], timeout=60)
+    assert done.returncode == 0, done.stderr
     img = iio.imread(shot)
     assert img.shape[:2] == (1600, 1200) and img.std() > 0  # something was drawn
-    dom = subprocess.run([*base, "--dump-dom", page.as_uri()], check=True, timeout=60,
-                         capture_output=True, text=True).stdout
+    done = run_grouped([*base, "--dump-dom", page.as_uri()], timeout=60)
+    assert done.returncode == 0, done.stderr
+    dom = done.stdout
     assert 'id="learning-curve"' in dom and "<video" in dom
