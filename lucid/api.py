@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import torch
 from .checkpoint import atomic_torch_save, load_checkpoint, load_latest, FORMAT_VERSION
 from .config import ConfigError, from_yaml, make_config, to_yaml
 from .envs import INSTANCE_PREFIX, default_preset
-from .train import Trainer, load_here
+from .train import Trainer, load_here, slow_preset_note
 from .world_model import State
 
 
@@ -81,7 +82,7 @@ class Dreamer:
         elif not isinstance(env, str):
             raise TypeError(f"env must be a gymnasium.Env or an env name, got "
                             f"{type(env).__name__}")
-        preset = preset or default_preset(env)
+        preset_given, preset = preset is not None, preset or default_preset(env)
         sections: dict = {"env": {"id": env}}
         for key, val in overrides.items():
             if "__" not in key and not isinstance(val, dict):
@@ -101,6 +102,9 @@ class Dreamer:
         # constructing one to predict, evaluate or save writes no files.
         self.trainer = Trainer(self.cfg, learn=False)
         self.agent = self.trainer.agent
+        note = None if preset_given else slow_preset_note(self.trainer, "preset='{}'")
+        if note:
+            warnings.warn(note, stacklevel=2)
 
     def learn(self, total_env_steps: int, callback=None) -> "Dreamer":
         """Train for `total_env_steps` more env steps. `callback(info)` is called after every

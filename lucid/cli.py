@@ -93,7 +93,7 @@ def train(
 ):
     """Train an agent. Extra arguments are config overrides: section.key=value.
     Data-parallel learners: `torchrun --nproc-per-node G -m lucid train ...`."""
-    from .train import DiskFullError, EnvError, NonFiniteError, Trainer
+    from .train import DiskFullError, EnvError, NonFiniteError, Trainer, slow_preset_note
     overrides = list(ctx.args)
     if "=" in env:  # no ENV given, the first override landed in its place
         overrides.insert(0, env)
@@ -128,11 +128,9 @@ def train(
         _fail(exc)
     typer.echo(f"run directory: {trainer.run_dir}  (preset {trainer.cfg.preset}, "
                f"size {trainer.cfg.model.size}, {trainer.cfg.run.steps} env steps)")
-    if not (resume or preset) and trainer.device.type == "cpu" \
-            and not trainer.cfg.preset.startswith("cpu-"):
-        typer.echo(f"note: preset {trainer.cfg.preset} is the paper's setting (train ratio "
-                   f"{trainer.cfg.train.train_ratio:g}), slow on a CPU; for a small task try "
-                   f"--preset cpu-control (vector observations) or cpu-pixels (images)")
+    note = None if resume or preset else slow_preset_note(trainer, "--preset {}")
+    if note:
+        typer.echo(f"note: {note}")
     if resume and trainer.counters["env_steps"] >= trainer.cfg.run.steps:
         trainer.close()
         typer.echo(f"note: the run has its {trainer.cfg.run.steps} env steps already; "

@@ -119,6 +119,19 @@ def load_here(cfg: Config, device: str) -> None:
         cfg.train.cuda_graph = False
 
 
+def slow_preset_note(trainer: "Trainer", spell: str) -> str | None:
+    """For a preset picked by the env's domain, not by the user: a note when it is one of the
+    paper's settings and the run is on a CPU, naming the CPU presets as `spell` writes a preset
+    name (`--preset {}` for the CLI, `preset='{}'` for Python)."""
+    cfg = trainer.cfg
+    if trainer.device.type != "cpu" or cfg.preset.startswith("cpu-"):
+        return None
+    return (f"preset {cfg.preset} is the paper's setting (train ratio "
+            f"{cfg.train.train_ratio:g}), slow on a CPU; for a small task try "
+            f"{spell.format('cpu-control')} (vector observations) or "
+            f"{spell.format('cpu-pixels')} (images)")
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)

@@ -240,3 +240,15 @@ def test_dreamer_api_takes_an_env_instance_and_a_callback(tmp_path):
     again = Dreamer.load(tmp_path / "run", resume=True, env=gym.make("CartPole-v1"))
     assert again.trainer.counters["env_steps"] == counters["env_steps"] + 20  # it was saved
     again.close()
+
+
+def test_dreamer_names_the_cpu_presets_when_the_envs_preset_is_the_papers(recwarn):
+    """As `lucid train` notes it: a preset picked by the env's domain that is one of the
+    paper's settings is slow on a CPU; a preset the user chose, or a CPU preset, is not noted."""
+    with pytest.warns(UserWarning, match=r"preset default is the paper's setting \(train ratio "
+                                         r"512\).*preset='cpu-control'.*preset='cpu-pixels'"):
+        Dreamer("Pendulum-v1", size="nano", run__device="cpu")
+    recwarn.clear()
+    Dreamer("Pendulum-v1", preset="default", size="nano", run__device="cpu")
+    Dreamer("CartPole-v1", size="nano", run__device="cpu")  # cpu-control by its domain
+    assert not [w for w in recwarn if "paper's setting" in str(w.message)]
