@@ -69,8 +69,10 @@ class RunLock:
     """An exclusive lock on a run directory while a process trains in it (`RUN/.lock`, a
     POSIX advisory lock that the kernel drops when the process dies, even by SIGKILL)."""
 
+    NAME = ".lock"
+
     def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / ".lock"
+        self.path = Path(run_dir) / self.NAME
         self.f = None
 
     def acquire(self) -> None:

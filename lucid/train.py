@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import shutil
 import signal
 import time
 import warnings
@@ -258,10 +259,12 @@ class Trainer:
         self._learn = learn
         self._purge_logs_after: int | None = None  # a resumed run's logs past its checkpoint
         self._lock: ckpt.RunLock | None = None  # a learning rank 0's, from _hold() to close()
+        self._made_dir: Path | None = None  # the new run's directory, where this start made it
         try:
             self._build(cfg, run_dir or cfg.run.run_dir, resume, learn, env)
         except BaseException:
             self._release()
+            self._discard_failed_start()
             raise
 
     def _build(self, cfg: Config, given, resume: bool, learn: bool, env: str | None) -> None:
@@ -330,15 +333,29 @@ class Trainer:
         """Rank 0 claims the directory; a refusal reaches every rank."""
         claim: str | ConfigError | None = None
         if self.rank == 0:
+            existed = given is not None and given.exists()
             try:
                 claim = str(claim_run_dir(given, self.cfg))
             except ConfigError as exc:
                 claim = exc
+            else:
+                self._made_dir = None if existed else Path(claim)
         if self.dist is not None:
             claim = self.dist.broadcast_object(claim)
         if isinstance(claim, ConfigError):
             raise claim
         return Path(claim)
+
+    def _discard_failed_start(self) -> None:
+        """A new run that fails to start (after its directory was made: an env runner that
+        cannot be built, say) takes the directory away again when it holds nothing but its
+        config.yaml, so that failed starts do not pile up under runs/."""
+        d = self._made_dir
+        if d is None or not d.is_dir():
+            return
+        files = [p for p in d.rglob("*") if not p.is_dir()]
+        if all(p.parent == d and p.name in ("config.yaml", ckpt.RunLock.NAME) for p in files):
+            shutil.rmtree(d, ignore_errors=True)
 
     def _saved_config(self) -> tuple[Config, tuple[dict, Path] | None]:
         """The run's config.yaml, or where that file is missing or empty (a disk that filled

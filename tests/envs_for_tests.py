@@ -120,3 +120,15 @@ class LaterBrokenEnv(gym.Env):
     def step(self, action):
         self.t += 1
         return self._obs(), 1.0, False, self.t >= 50, {}
+
+
+class OneInstanceEnv(CountEnv):
+    """CountEnv that can be built once per process (the start-up check), as a simulator whose
+    licence allows one instance: the training env's construction raises."""
+    made = 0
+
+    def __init__(self):
+        type(self).made += 1
+        if type(self).made > 1:
+            raise RuntimeError("OneInstanceEnv: one instance per process")
+        super().__init__()

@@ -350,6 +350,27 @@ def test_an_observation_that_stops_fitting_its_space_is_named_by_its_key(tmp_pat
     assert list_checkpoints(tmp_path / "later")
 
 
+def test_a_start_that_fails_after_making_its_directory_takes_it_away(tmp_path, monkeypatch):
+    """An env that passes the start-up check but whose training copy cannot be built: the
+    directory the start made (holding only its config.yaml) goes again, so failed starts do
+    not pile up under runs/; a directory the user made is kept."""
+    import envs_for_tests
+    monkeypatch.chdir(tmp_path)
+    env = {"id": "envs_for_tests:OneInstanceEnv"}
+    for run_dir in (None, tmp_path / "made" / "run", tmp_path / "mine"):
+        if run_dir == tmp_path / "mine":
+            run_dir.mkdir()
+        monkeypatch.setattr(envs_for_tests.OneInstanceEnv, "made", 0)
+        with pytest.raises(Exception, match="one instance per process"):
+            Trainer(_cfg(run_dir, env=env, run={"run_dir": run_dir and str(run_dir)}))
+    assert list((tmp_path / "runs").iterdir()) == []
+    assert not (tmp_path / "made" / "run").exists()
+    assert (tmp_path / "mine").is_dir()  # the user's, with the config.yaml a retry replaces
+    monkeypatch.setattr(envs_for_tests.OneInstanceEnv, "made", -5)  # builds from now on
+    tr = Trainer(_cfg(tmp_path / "mine", env=env))
+    tr.close()
+
+
 def test_a_run_whose_episodes_never_end_says_so_once(tmp_path, monkeypatch, capsys):
     import lucid.train
     monkeypatch.setattr(lucid.train, "NO_EPISODE_NOTE", 40)
