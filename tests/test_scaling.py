@@ -112,16 +112,23 @@ def _rank_main(rank, world, port, out_dir):
 
 def _run_two_ranks(target, *args, timeout: float) -> None:
     """Run `target(rank, world_size, port, *args)` in two processes and require both to exit
-    cleanly. Spawned, not forked: a child forked from a process whose OpenMP thread pool has
-    run can hang in its first parallel op."""
+    cleanly within `timeout` seconds. Spawned, not forked: a child forked from a process whose
+    OpenMP thread pool has run can hang in its first parallel op."""
     ctx = mp.get_context("spawn")
     port = _free_port()
     procs = [ctx.Process(target=target, args=(r, 2, port, *args)) for r in range(2)]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join(timeout)
-        assert p.exitcode == 0
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.join(max(deadline - time.monotonic(), 0))
+        assert [p.exitcode for p in procs] == [0, 0]
+    finally:  # a rank left running would block the test session's exit, which joins it
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
 
 
 def test_two_gloo_learners_match_one_learner_with_the_full_batch(tmp_path, monkeypatch):
