@@ -427,8 +427,10 @@ class Trainer:
         return math.floor(since * t.train_ratio / (t.batch_size * t.batch_length * world))
 
     def _handle_signal(self, signum, frame):
-        if self._stop:  # the second Ctrl-C: stop now (still with a checkpoint)
-            raise KeyboardInterrupt
+        if self._stop and signum == signal.SIGINT:  # a second Ctrl-C: stop now (with a
+            raise KeyboardInterrupt                 # checkpoint still)
+        if self._stop:  # SIGTERM again: a launcher (make, timeout, a scheduler) that signals
+            return      # the whole process group often reaches a run twice; it is stopping
         self._stop = True
         self.signalled = signum  # for the caller: `lucid train` reports it and exits 128 + N
 

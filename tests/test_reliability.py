@@ -371,6 +371,34 @@ def test_a_start_that_fails_after_making_its_directory_takes_it_away(tmp_path, m
     tr.close()
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_repeated_sigterm_finishes_the_step_and_a_second_ctrl_c_stops_at_once(tmp_path,
+                                                                               signum):
+    """Both signals arrive twice at once at an episode's end (as `timeout make train` sends
+    SIGTERM to make and to the run, and make passes it on). SIGTERM: the run ends as after
+    one, at its step's end, saved, `signalled` set for `lucid train`'s exit status. SIGINT: the
+    second one means stop now; the run still saves before KeyboardInterrupt leaves it."""
+    tr = Trainer(_cfg(tmp_path, run={"steps": 10_000}))
+
+    def twice(info):
+        if info["env_steps"] >= 40:
+            os.kill(os.getpid(), signum)
+            os.kill(os.getpid(), signum)
+
+    try:
+        if signum == signal.SIGINT:
+            with pytest.raises(KeyboardInterrupt):
+                tr.run(callback=twice)
+        else:
+            tr.run(callback=twice)
+            assert tr.signalled == signal.SIGTERM
+        assert 40 <= tr.counters["env_steps"] < 200
+        assert load_latest(tmp_path)[0]["counters"]["env_steps"] == tr.counters["env_steps"]
+    finally:
+        tr.close()
+    assert signal.getsignal(signum) is not tr._handle_signal  # the handlers are put back
+
+
 def test_a_run_whose_episodes_never_end_says_so_once(tmp_path, monkeypatch, capsys):
     import lucid.train
     monkeypatch.setattr(lucid.train, "NO_EPISODE_NOTE", 40)
