@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import numbers
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from .config import ConfigError, from_yaml, make_config, to_yaml
 from .envs import INSTANCE_PREFIX, default_preset
 from .train import Trainer, load_here, slow_preset_note
 from .world_model import State
+from .warn import warn
 
 
 _INSTANCES: dict[str, Any] = {}  # name -> a pristine copy of an env instance given to Dreamer
@@ -104,7 +104,7 @@ class Dreamer:
         self.agent = self.trainer.agent
         note = None if preset_given else slow_preset_note(self.trainer, "preset='{}'")
         if note:
-            warnings.warn(note, stacklevel=2)
+            warn(note)
 
     def learn(self, total_env_steps: int, callback=None) -> "Dreamer":
         """Train for `total_env_steps` more env steps. `callback(info)` is called after every

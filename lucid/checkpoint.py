@@ -13,11 +13,12 @@ import os
 import pickle
 import random
 import signal
-import warnings
 from pathlib import Path
 from typing import BinaryIO, Callable
 
 import numpy as np
+
+from .warn import warn
 
 FORMAT_VERSION = 1
 
@@ -234,6 +235,6 @@ def load_latest(run_dir: Path, map_location="cpu", set_aside: bool = False
             if set_aside:
                 path.rename(path.with_name(path.name + ".corrupt"))
                 aside = f", set aside as {path.name}.corrupt"
-            warnings.warn(f"checkpoint {path} is unreadable ({exc}){aside}; trying the "
-                          f"previous one")
+            warn(f"checkpoint {path} is unreadable ({exc}){aside}; trying the "
+                 f"previous one")
     raise ValueError("no readable checkpoint in " + str(run_dir) + ": " + "; ".join(errors))

@@ -32,11 +32,11 @@ import os
 import sys
 import time
 import uuid
-import warnings
 from pathlib import Path
 from typing import Any
 
 from .config import logger_backends
+from .warn import warn
 
 PLAIN_EVERY = 60.0  # seconds between plain progress lines when stdout is not a terminal
 WANDB_EXTRA = "pip install 'lucid-rl[wandb]'"
@@ -132,8 +132,8 @@ class Logger:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # tensorboard is a dependency, but keep running without it
-            warnings.warn("tensorboard is not installed; logging to the JSONL files only "
-                          "(pip install tensorboard)")
+            warn("tensorboard is not installed; logging to the JSONL files only "
+                 "(pip install tensorboard)")
             return
         # purge_step: TensorBoard hides the earlier files' events at and after that step
         self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=self._purge_step)

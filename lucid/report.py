@@ -18,6 +18,7 @@ import numpy as np
 
 from .checkpoint import atomic_write_text
 from .plot import plot_runs, read_jsonl
+from .warn import warn
 
 VIDEO_TYPES = {".mp4": "video/mp4", ".webm": "video/webm"}
 IMAGE_TYPES = {".gif": "image/gif", ".png": "image/png"}
@@ -148,7 +149,6 @@ def finish_run(trainer, writer=None, videos: bool = True, horizon: int = 45
     """End-of-run artefacts for the training loop: RUN_DIR/curves.png, an evaluation video and
     an open-loop dream video in RUN_DIR/videos/ (also added to TensorBoard through `writer`),
     and RUN_DIR/report.html. A failure here only warns: it never costs a finished run."""
-    import warnings
     run_dir = Path(trainer.run_dir)
     out: dict[str, Path] = {}
     steps = [("curves", lambda: {"curves": plot_runs([run_dir], run_dir / "curves.png")})]
@@ -161,5 +161,5 @@ def finish_run(trainer, writer=None, videos: bool = True, horizon: int = 45
         try:
             out.update(fn())
         except Exception as exc:  # noqa: BLE001 - artefacts are a courtesy, the run is done
-            warnings.warn(f"could not write the run's {name}: {type(exc).__name__}: {exc}")
+            warn(f"could not write the run's {name}: {type(exc).__name__}: {exc}")
     return out

@@ -9,7 +9,6 @@ truncation sets `is_last` without `is_terminal`.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 from .envs.spaces import ActionSpec, ObsSpec
+from .warn import warn
 
 
 EVAL_MAX_STEPS = 100_000  # per evaluation episode: beyond it the env has no time limit
@@ -194,10 +194,10 @@ def evaluate(agent, env_fn: Callable[[], gym.Env], obs_spec: ObsSpec, act_spec: 
             done += finished
             steps += 1
             if steps > EVAL_MAX_STEPS * episodes:
-                warnings.warn(f"evaluation stopped after {steps:,} steps with {len(done)} of "
-                              f"{episodes} episodes finished: this env's episodes do not end; "
-                              f"the rest are cut (their returns are partial); give it a time "
-                              f"limit (env.max_episode_steps=N)")
+                warn(f"evaluation stopped after {steps:,} steps with {len(done)} of "
+                     f"{episodes} episodes finished: this env's episodes do not end; the rest "
+                     f"are cut (their returns are partial); give it a time limit "
+                     f"(env.max_episode_steps=N)")
                 done += [Episode(float(r), int(n)) for r, n in zip(col.ep_return, col.ep_length)]
                 break
     finally:

@@ -16,7 +16,6 @@ import random
 import shutil
 import signal
 import time
-import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -33,6 +32,7 @@ from .replay import Prefetcher, Replay
 from .runner import Collector, EnvError, evaluate, restarting
 from .system import tune_malloc
 from . import distributed
+from .warn import warn
 
 
 class _QuietLogger:
@@ -589,7 +589,7 @@ class Trainer:
                 f"Free some space (old runs, videos/, a lower run.keep_checkpoints or "
                 f"train.replay_capacity) and continue with {self.resume_hint()}"
                 if saved else "it had no checkpoint yet; free some space and start it again "
-                f"in a new run directory")
+                "in a new run directory")
         err = DiskFullError(
             f"the disk under {self.run_dir} is full ({exc.strerror} writing "
             f"{exc.filename or 'a file'}, at {self.counters['env_steps']} env steps); the run "
@@ -706,7 +706,7 @@ class Trainer:
         try:
             log_videos(self, logger.tb, self.counters["env_steps"])
         except Exception as exc:  # noqa: BLE001 - a video never costs the run
-            warnings.warn(f"video logging failed: {type(exc).__name__}: {exc}")
+            warn(f"video logging failed: {type(exc).__name__}: {exc}")
 
     def _evaluate(self, logger: Logger, start: float) -> None:
         """The periodic evaluation; an env that fails there costs the evaluation, not the run."""
@@ -715,8 +715,8 @@ class Trainer:
                 eps = self.evaluate(self.cfg.run.eval_episodes, explore,
                                     seed=self.cfg.run.seed + 10_000 + self.counters["env_steps"])
             except (ValueError, KeyError, RuntimeError) as exc:
-                warnings.warn(f"evaluation at {self.counters['env_steps']} env steps failed "
-                              f"({type(exc).__name__}: {exc}); training goes on")
+                warn(f"evaluation at {self.counters['env_steps']} env steps failed "
+                     f"({type(exc).__name__}: {exc}); training goes on")
                 return
             for ep in eps:
                 logger.episode({"env_steps": self.counters["env_steps"], "return": ep.ret,

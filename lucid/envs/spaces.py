@@ -9,11 +9,12 @@ and [-1, 1]^d for Box, rescaled to the env's bounds on the way out.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
+
+from ..warn import warn
 
 SUPPORTED_OBS = ("Box (vectors of any shape, images H x W x C), Discrete, MultiDiscrete, "
                  "MultiBinary, and Dict and Tuple spaces of these")
@@ -273,10 +274,10 @@ class ActionSpec:
             low, high = space.low.astype(np.float64).ravel(), space.high.astype(np.float64).ravel()
             open_dims = np.flatnonzero(~(np.isfinite(low) & np.isfinite(high)))
             if open_dims.size:
-                warnings.warn(f"the action space {space} has infinite bounds at dims "
-                              f"{open_dims.tolist()}: lucid's actions there lie in [-1, 1] "
-                              f"(within the bounds); give it finite bounds, or rescale with "
-                              f"gymnasium.wrappers.RescaleAction", stacklevel=2)
+                warn(f"the action space {space} has infinite bounds at dims "
+                     f"{open_dims.tolist()}: lucid's actions there lie in [-1, 1] (within the "
+                     f"bounds); give it finite bounds, or rescale with "
+                     f"gymnasium.wrappers.RescaleAction")
             return cls(low=low, high=high, shape=tuple(space.shape))
         raise TypeError(f"unsupported action space {space}; lucid supports {SUPPORTED_ACT}")
 
