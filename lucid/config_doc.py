@@ -233,8 +233,11 @@ def render() -> str:
         sizes_markdown(),
         "## Presets\n",
         "`--preset NAME` (Python: `preset=`) applies these overrides on top of the defaults "
-        "(docs/presets.md explains them). Without `--preset`, `lucid train` picks the "
-        "environment's domain preset (`cpu-control` for CartPole-v1).\n",
+        "(docs/presets.md explains them). Without `--preset`, `lucid train` and "
+        "`Dreamer(env)` pick the environment's domain preset (`cpu-control` for CartPole-v1, "
+        "`default` for an env of no known suite); when that is one of the paper's settings "
+        "and the run is on a CPU, they say so (a note; a `UserWarning` in Python) and name "
+        "`cpu-control` and `cpu-pixels`.\n",
         presets_markdown(),
     ]
     return "\n".join(p.rstrip("\n") + "\n" for p in parts)
