@@ -85,15 +85,15 @@ class Dreamer:
         preset_given, preset = preset is not None, preset or default_preset(env)
         sections: dict = {"env": {"id": env}}
         for key, val in overrides.items():
-            if "__" not in key and not isinstance(val, dict):
+            if "__" in key:  # a value, a dict too (env__kwargs={...})
+                sec, _, name = key.partition("__")
+                sections.setdefault(sec, {})[name] = val
+            elif isinstance(val, dict):
+                sections.setdefault(key, {}).update(val)
+            else:
                 raise ConfigError(f"Dreamer(..., {key}={val!r}): give config keys as "
                                   f"section__key=value (e.g. train__train_ratio=64) or a dict "
                                   f"per section (train={{'train_ratio': 64}})")
-            if isinstance(val, dict):
-                sections.setdefault(key, {}).update(val)
-            else:
-                sec, _, name = key.partition("__")
-                sections.setdefault(sec, {})[name] = val
         if size:
             sections.setdefault("model", {})["size"] = size
         sections.setdefault("run", {}).setdefault("progress", False)
@@ -157,7 +157,7 @@ class Dreamer:
                                      device=self.agent.device)
         action, state = self.agent.policy(tensors, state, not deterministic, starts)
         env_action = self.trainer.act_spec.to_env(action.cpu().numpy())
-        return (env_action if batched else env_action[0]), state
+        return (env_action if batched else self.trainer.act_spec.item(env_action, 0)), state
 
     def evaluate(self, episodes: int = 10, deterministic: bool = True) -> list[float]:
         """Returns of `episodes` episodes in a fresh env (greedy unless deterministic=False)."""

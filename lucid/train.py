@@ -24,7 +24,7 @@ import torch
 
 from . import checkpoint as ckpt
 from .agent import Agent
-from .config import Config, ConfigError, as_dict, flatten, from_yaml, to_yaml
+from .config import Config, ConfigError, as_dict, flatten, from_yaml, make_config, to_yaml
 from .envs import INSTANCE_PREFIX, ActionSpec, ObsSpec, env_fn, env_label, make_env
 from .envs.crafter import AchievementTracker
 from .logger import Logger
@@ -125,8 +125,9 @@ def slow_preset_note(trainer: "Trainer", spell: str) -> str | None:
     paper's settings and the run is on a CPU, naming the CPU presets as `spell` writes a preset
     name (`--preset {}` for the CLI, `preset='{}'` for Python)."""
     cfg = trainer.cfg
-    if trainer.device.type != "cpu" or cfg.preset.startswith("cpu-"):
-        return None
+    if trainer.device.type != "cpu" or cfg.preset.startswith("cpu-") \
+            or cfg.train.train_ratio != make_config(cfg.preset).train.train_ratio:
+        return None  # (a train ratio of the user's: the choice is made)
     return (f"preset {cfg.preset} is the paper's setting (train ratio "
             f"{cfg.train.train_ratio:g}), slow on a CPU; for a small task try "
             f"{spell.format('cpu-control')} (vector observations) or "

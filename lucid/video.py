@@ -286,7 +286,7 @@ def record_episodes(agent, env_id: str, episodes: int = 1, max_episode_steps: in
     from .envs import make_env
     if paths is not None and len(paths) != episodes:
         raise ValueError(f"{episodes} episodes need {episodes} paths, got {len(paths)}")
-    spec = agent.obs_spec
+    spec, act = agent.obs_spec, agent.act_spec
     use_images = bool(spec.images)
     k = max(1, int(downsample))
     env = make_env(env_id, max_episode_steps, render_mode=None if use_images else "rgb_array",
@@ -309,7 +309,7 @@ def record_episodes(agent, env_id: str, episodes: int = 1, max_episode_steps: in
                     tensors = {k: torch.as_tensor(v, device=agent.device)
                                for k, v in arrays.items()}
                     action, state = agent.policy(tensors, state, explore=explore)
-                    env_action = agent.act_spec.to_env(action.cpu().numpy())[0]
+                    env_action = act.item(act.to_env(action.cpu().numpy()), 0)
                     obs, reward, term, trunc, _ = env.step(env_action)
                     ret += float(reward)
                     length += 1

@@ -132,3 +132,35 @@ class OneInstanceEnv(CountEnv):
         if type(self).made > 1:
             raise RuntimeError("OneInstanceEnv: one instance per process")
         super().__init__()
+
+
+DICT_ACTIONS = {
+    "discrete": lambda: gym.spaces.Dict({
+        "move": gym.spaces.Discrete(3, start=1), "grip": gym.spaces.MultiBinary(2),
+        "arm": gym.spaces.Tuple((gym.spaces.MultiDiscrete([2, 4]),))}),
+    "box": lambda: gym.spaces.Tuple((
+        gym.spaces.Box(-2, 2, (2,), np.float32),
+        gym.spaces.Dict({"x": gym.spaces.Box(0, 1, (1,), np.float32)}))),
+}
+
+
+class DictActionEnv(gym.Env):
+    """Actions in a Dict/Tuple space (`kind`: "discrete", all categorical leaves; "box", all
+    Box leaves); refuses any action outside it. Observation: a step counter; 10-step episodes;
+    reward: the first leaf's first entry."""
+
+    def __init__(self, kind: str = "discrete"):
+        self.action_space = DICT_ACTIONS[kind]()
+        self.observation_space = gym.spaces.Box(0, 10, (1,), np.float32)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        self.t += 1
+        first = action["arm"][0][0] if isinstance(action, dict) else action[0][0]
+        return np.array([self.t], np.float32), float(first), self.t >= 10, False, {}

@@ -244,7 +244,8 @@ def test_dreamer_api_takes_an_env_instance_and_a_callback(tmp_path):
 
 def test_dreamer_names_the_cpu_presets_when_the_envs_preset_is_the_papers(recwarn):
     """As `lucid train` notes it: a preset picked by the env's domain that is one of the
-    paper's settings is slow on a CPU; a preset the user chose, or a CPU preset, is not noted."""
+    paper's settings is slow on a CPU; a preset the user chose, a CPU preset, or a train ratio
+    the user chose, is not noted."""
     with pytest.warns(UserWarning, match=r"preset default is the paper's setting \(train ratio "
                                          r"512\).*preset='cpu-control'.*preset='cpu-pixels'") as rec:
         Dreamer("Pendulum-v1", size="nano", run__device="cpu")
@@ -252,4 +253,5 @@ def test_dreamer_names_the_cpu_presets_when_the_envs_preset_is_the_papers(recwar
     recwarn.clear()
     Dreamer("Pendulum-v1", preset="default", size="nano", run__device="cpu")
     Dreamer("CartPole-v1", size="nano", run__device="cpu")  # cpu-control by its domain
+    Dreamer("Pendulum-v1", size="nano", run__device="cpu", train__train_ratio=32)  # chosen
     assert not [w for w in recwarn if "paper's setting" in str(w.message)]

@@ -2,6 +2,7 @@ import re
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 
 from lucid.agent import Agent
@@ -278,6 +279,63 @@ def test_a_custom_env_with_nested_observations_and_multibinary_actions_trains_an
         actions, _ = agent.predict(batch, deterministic=True)
         assert actions.shape == (3, 3) and all(env.action_space.contains(a) for a in actions)
         assert len(agent.evaluate(1)) == 1
+
+
+@pytest.mark.parametrize("kind", ["discrete", "box"])
+def test_dict_and_tuple_action_spaces_map_leaf_by_leaf(kind):
+    """The model's action is the leaves' model actions side by side, in the space's leaf order;
+    a vector env's batch (a Dict/Tuple of batches) goes there and back unchanged."""
+    from envs_for_tests import DICT_ACTIONS
+    space = DICT_ACTIONS[kind]()
+    act = ActionSpec.from_space(space)
+    batch_space = gym.vector.utils.batch_space(space, 16)
+    batch_space.seed(0)
+    batch = batch_space.sample()
+    model = act.from_env(batch)
+    if kind == "discrete":  # leaves in order: arm (MultiDiscrete [2, 4]), grip (2 bits), move
+        assert act.discrete == [2, 4, 2, 2, 3] and model.shape == (16, 13)
+        np.testing.assert_array_equal(model[:, 0:2].argmax(-1), batch["arm"][0][:, 0])
+        np.testing.assert_array_equal(model[:, 2:6].argmax(-1), batch["arm"][0][:, 1])
+        np.testing.assert_array_equal(model[:, 7], batch["grip"][:, 0])
+        np.testing.assert_array_equal(model[:, 10:13].argmax(-1) + 1, batch["move"])
+    else:  # a Box(-2, 2, (2,)) then Box(0, 1, (1,)), each rescaled to [-1, 1]
+        assert act.discrete is None and model.shape == (16, 3)
+        np.testing.assert_allclose(model[:, :2], batch[0] / 2, atol=1e-6)
+        np.testing.assert_allclose(model[:, 2], 2 * batch[1]["x"][:, 0] - 1, atol=1e-6)
+    back = act.to_env(model)
+    for path, _ in act.parts:
+        np.testing.assert_allclose(act._get(back, path), act._get(batch, path), atol=1e-6)
+    assert all(space.contains(act.item(back, i)) for i in range(16))
+
+
+def test_an_action_space_mixing_discrete_and_box_is_refused_with_what_to_do():
+    space = gym.spaces.Dict({"a": gym.spaces.Discrete(2), "b": gym.spaces.Box(0, 1, (1,))})
+    with pytest.raises(TypeError, match=r"mixes discrete and Box actions.*MultiDiscrete"):
+        ActionSpec.from_space(space)
+
+
+@pytest.mark.parametrize("kind", ["discrete", "box"])
+def test_a_custom_env_with_dict_actions_trains_acts_and_evaluates(tmp_path, kind):
+    from lucid import Dreamer
+    from envs_for_tests import DictActionEnv
+    with Dreamer("envs_for_tests:DictActionEnv", size="nano", run_dir=tmp_path / "run",
+                 env__num_envs=2, env__kwargs={"kind": kind},
+                 train={"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 16,
+                        "train_ratio": 16}) as agent:
+        agent.learn(40)  # the env asserts that every action lies in its space
+        assert agent.trainer.counters["updates"] > 0
+        env = DictActionEnv(kind)
+        obs, _ = env.reset(seed=3)
+        action, _ = agent.predict(obs)
+        assert env.action_space.contains(action)
+        venv = gym.vector.SyncVectorEnv([lambda: DictActionEnv(kind)] * 3)
+        batch, _ = venv.reset(seed=0)
+        actions, _ = agent.predict(batch, deterministic=True)
+        venv.step(actions)  # a batch in the vector env's layout
+        assert len(agent.evaluate(1)) == 1
+        agent.save(tmp_path / "agent.pt")
+    loaded = Dreamer.load(tmp_path / "agent.pt")
+    assert env.action_space.contains(loaded.predict(obs)[0])
 
 
 def test_dict_spaces_with_integer_keys_are_dicts_not_tuples():

@@ -10,6 +10,7 @@ and [-1, 1]^d for Box, rescaled to the env's bounds on the way out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -18,7 +19,8 @@ from ..warn import warn
 
 SUPPORTED_OBS = ("Box (vectors of any shape, images H x W x C), Discrete, MultiDiscrete, "
                  "MultiBinary, and Dict and Tuple spaces of these")
-SUPPORTED_ACT = "Discrete, MultiDiscrete, MultiBinary or Box"
+SUPPORTED_ACT = ("Discrete, MultiDiscrete, MultiBinary or Box, and Dict and Tuple spaces of these "
+                 "(all discrete, or all Box)")
 LEAVES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 
 
@@ -257,9 +259,13 @@ class ActionSpec:
     shape: tuple[int, ...] = ()
     start: np.ndarray | None = None  # first index of each categorical sub-action (start=)
     dtype: np.dtype | None = None  # of the env's actions, where not the default (MultiBinary)
+    space: gym.Space | None = None  # a Dict or Tuple action space, whose leaves are `parts`
+    parts: list[tuple[tuple, "ActionSpec"]] = field(default_factory=list)  # (path, leaf spec)
 
     @classmethod
     def from_space(cls, space: gym.Space) -> "ActionSpec":
+        if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+            return cls._structured(space)
         if isinstance(space, gym.spaces.Discrete):
             return cls(discrete=[int(space.n)], shape=(), start=np.array([int(space.start)]))
         if isinstance(space, gym.spaces.MultiDiscrete):
@@ -281,6 +287,49 @@ class ActionSpec:
             return cls(low=low, high=high, shape=tuple(space.shape))
         raise TypeError(f"unsupported action space {space}; lucid supports {SUPPORTED_ACT}")
 
+    @classmethod
+    def _structured(cls, space: gym.Space) -> "ActionSpec":
+        """A Dict/Tuple action space: the model's action is its leaves' actions side by side
+        (leaf order), all categorical sub-actions or all one Normal, as for a flat space."""
+        parts = [(path, cls.from_space(leaf)) for path, leaf in _leaves(space)]
+        if not parts:
+            raise TypeError(f"the action space {space} has no actions in it")
+        kinds = {part.is_discrete for _, part in parts}
+        if len(kinds) > 1:
+            raise TypeError(
+                f"the action space {space} mixes discrete and Box actions; lucid's actor has "
+                f"one kind of output (categoricals, or one Normal), as the paper's: make the "
+                f"Box part discrete (a few levels per dimension as a MultiDiscrete) or the "
+                f"discrete part continuous (a Box the env rounds or takes the argmax of)")
+        if kinds == {True}:
+            return cls(discrete=[n for _, part in parts for n in part.discrete],
+                       space=space, parts=parts)
+        return cls(low=np.concatenate([part.low for _, part in parts]),
+                   high=np.concatenate([part.high for _, part in parts]),
+                   space=space, parts=parts)
+
+    def _assemble(self, leaf_of) -> Any:
+        """The Dict/Tuple structure of `space` with `leaf_of(path)` at each leaf."""
+        def build(space, path):
+            if isinstance(space, gym.spaces.Dict):
+                return {k: build(sub, (*path, k)) for k, sub in space.spaces.items()}
+            if isinstance(space, gym.spaces.Tuple):
+                return tuple(build(sub, (*path, i)) for i, sub in enumerate(space.spaces))
+            return leaf_of(path)
+        return build(self.space, ())
+
+    @staticmethod
+    def _get(action, path: tuple):
+        for step in path:
+            action = action[step]
+        return action
+
+    def item(self, batch, i: int):
+        """The `i`-th env action of a batch that `to_env` returned."""
+        if self.parts:
+            return self._assemble(lambda path: self._get(batch, path)[i])
+        return batch[i]
+
     @property
     def is_discrete(self) -> bool:
         return self.discrete is not None
@@ -290,7 +339,13 @@ class ActionSpec:
         return sum(self.discrete) if self.discrete else int(self.low.size)
 
     def to_env(self, action: np.ndarray):
-        """Model-space actions (N, dim) -> a batch of env actions."""
+        """Model-space actions (N, dim) -> a batch of env actions (for a Dict/Tuple space,
+        its structure with a batch at each leaf, as gymnasium's vector envs take)."""
+        if self.parts:
+            ends = np.cumsum([part.dim for _, part in self.parts])
+            leaves = {path: part.to_env(action[:, end - part.dim:end])
+                      for (path, part), end in zip(self.parts, ends)}
+            return self._assemble(leaves.__getitem__)
         if self.discrete:
             parts, i = [], 0
             for n in self.discrete:
@@ -313,6 +368,9 @@ class ActionSpec:
 
     def from_env(self, action) -> np.ndarray:
         """A batch of env actions -> model space (N, dim)."""
+        if self.parts:
+            return np.concatenate([part.from_env(self._get(action, path))
+                                   for path, part in self.parts], -1)
         a = np.asarray(action)
         n = a.shape[0]
         if self.discrete:
