@@ -11,7 +11,7 @@ import subprocess
 def run_grouped(cmd, timeout: float, **kw) -> subprocess.CompletedProcess:
     """`subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)`, except
     that past `timeout` every process of the group is killed before TimeoutExpired is raised
-    (with what was printed until then)."""
+    (with what was printed until then), and so it is when anything else interrupts the wait."""
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True, **kw) as proc:
         try:
@@ -23,6 +23,9 @@ def run_grouped(cmd, timeout: float, **kw) -> subprocess.CompletedProcess:
             except subprocess.TimeoutExpired:  # a daemon that left the group holds a pipe
                 out = err = ""
             raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+        except BaseException:  # Ctrl-C, pytest-timeout: the group would outlive the test
+            kill_group(proc)
+            raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
