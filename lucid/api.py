@@ -62,8 +62,8 @@ class Dreamer:
     def __init__(self, env, preset: str | None = None, size: str | None = None,
                  run_dir: str | Path | None = None, **overrides: Any):
         """`env` is an env name (any gymnasium id, a suite name such as `atari:Pong`, or
-        `module.path:EnvClass`) or a gymnasium.Env instance (trained with one env; such a run
-        cannot be resumed from the command line). `preset` defaults to the env's domain
+        `module.path:EnvClass`) or a gymnasium.Env instance (trained on one copy of it, or N with
+        env__num_envs=N; such a run cannot be resumed from the command line). `preset` defaults to the env's domain
         preset. `overrides` are config keys as section__key=value (e.g.
         train__train_ratio=64) or nested dicts per section (train={"train_ratio": 64});
         the env section's keys only as env__key=value (env__num_envs=4), since `env` is
@@ -74,11 +74,9 @@ class Dreamer:
         if isinstance(env, gym.vector.VectorEnv):
             raise TypeError("Dreamer got a vector env; pass one env (an instance or a name) "
                             "and set env__num_envs=N: lucid builds the vector env itself")
-        if isinstance(env, gym.Env):
+        instance = isinstance(env, gym.Env)
+        if instance:
             env = _env_id(env)
-            overrides.setdefault("env", {})
-            if isinstance(overrides["env"], dict):
-                overrides["env"].setdefault("num_envs", 1)
         elif not isinstance(env, str):
             raise TypeError(f"env must be a gymnasium.Env or an env name, got "
                             f"{type(env).__name__}")
@@ -94,6 +92,8 @@ class Dreamer:
                 raise ConfigError(f"Dreamer(..., {key}={val!r}): give config keys as "
                                   f"section__key=value (e.g. train__train_ratio=64) or a dict "
                                   f"per section (train={{'train_ratio': 64}})")
+        if instance:  # one copy of it unless env__num_envs=N asks for more
+            sections["env"].setdefault("num_envs", 1)
         if size:
             sections.setdefault("model", {})["size"] = size
         sections.setdefault("run", {}).setdefault("progress", False)

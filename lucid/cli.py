@@ -311,6 +311,8 @@ def report_cmd(run_dir: str, out: Optional[str] = typer.Option(
 
 
 def main():
+    from .warn import show_plainly
+    show_plainly(lambda text: typer.secho(text, fg="yellow", err=True))
     try:
         app()
     except OSError as exc:  # a full disk anywhere else (eval videos, a report): one line too

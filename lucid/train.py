@@ -264,8 +264,8 @@ class Trainer:
         try:
             self._build(cfg, run_dir or cfg.run.run_dir, resume, learn, env)
         except BaseException:
+            self._discard_failed_start()  # while the lock still keeps other processes out
             self._release()
-            self._discard_failed_start()
             raise
 
     def _build(self, cfg: Config, given, resume: bool, learn: bool, env: str | None) -> None:
@@ -349,13 +349,17 @@ class Trainer:
 
     def _discard_failed_start(self) -> None:
         """A new run that fails to start (after its directory was made: an env runner that
-        cannot be built, say) takes the directory away again when it holds nothing but its
-        config.yaml, so that failed starts do not pile up under runs/."""
+        cannot be built, say) takes the directory away again when it holds nothing but what
+        the start wrote (config.yaml, and a memory-mapped replay's empty ring files), so that
+        failed starts do not pile up under runs/. Only while this process holds the
+        directory's lock: a start that lost the lock to another process leaves it alone."""
         d = self._made_dir
-        if d is None or not d.is_dir():
+        if d is None or self._lock is None or not d.is_dir():
             return
+        ring = d / "replay" / "ring"
         files = [p for p in d.rglob("*") if not p.is_dir()]
-        if all(p.parent == d and p.name in ("config.yaml", ckpt.RunLock.NAME) for p in files):
+        if all((p.parent == d and p.name in ("config.yaml", ckpt.RunLock.NAME))
+               or (p.parent == ring and p.suffix == ".npy") for p in files):
             shutil.rmtree(d, ignore_errors=True)
 
     def _saved_config(self) -> tuple[Config, tuple[dict, Path] | None]:
@@ -428,10 +432,10 @@ class Trainer:
         return math.floor(since * t.train_ratio / (t.batch_size * t.batch_length * world))
 
     def _handle_signal(self, signum, frame):
-        if self._stop and signum == signal.SIGINT:  # a second Ctrl-C: stop now (with a
-            raise KeyboardInterrupt                 # checkpoint still)
-        if self._stop:  # SIGTERM again: a launcher (make, timeout, a scheduler) that signals
-            return      # the whole process group often reaches a run twice; it is stopping
+        if self.signalled is not None and signum == signal.SIGINT:  # a second Ctrl-C: stop
+            raise KeyboardInterrupt                                  # now (with a checkpoint)
+        if self.signalled is not None:  # SIGTERM again: a launcher (make, timeout, a
+            return  # scheduler) that signals a whole process group reaches a run twice
         self._stop = True
         self.signalled = signum  # for the caller: `lucid train` reports it and exits 128 + N
 

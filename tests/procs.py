@@ -11,21 +11,21 @@ import subprocess
 def run_grouped(cmd, timeout: float, **kw) -> subprocess.CompletedProcess:
     """`subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)`, except
     that past `timeout` every process of the group is killed before TimeoutExpired is raised
-    (with what was printed until then), and so it is when anything else interrupts the wait."""
+    (with what was printed until then); what is left of the group when the command ends, or
+    when anything else interrupts the wait, is killed too."""
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True, **kw) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            kill_group(proc)
+            kill_group(proc)  # (Ctrl-C, pytest-timeout and a clean exit: `finally` below)
             try:
                 out, err = proc.communicate(timeout=30)
             except subprocess.TimeoutExpired:  # a daemon that left the group holds a pipe
                 out = err = ""
             raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
-        except BaseException:  # Ctrl-C, pytest-timeout: the group would outlive the test
+        finally:  # also after a clean exit: a daemon that let go of the pipes may be left
             kill_group(proc)
-            raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

@@ -255,3 +255,13 @@ def test_dreamer_names_the_cpu_presets_when_the_envs_preset_is_the_papers(recwar
     Dreamer("CartPole-v1", size="nano", run__device="cpu")  # cpu-control by its domain
     Dreamer("Pendulum-v1", size="nano", run__device="cpu", train__train_ratio=32)  # chosen
     assert not [w for w in recwarn if "paper's setting" in str(w.message)]
+
+
+def test_an_env_instance_trains_on_one_copy_unless_more_are_asked_for(tmp_path):
+    env = gym.make("CartPole-v1")
+    assert Dreamer(env, size="nano", run__device="cpu").cfg.env.num_envs == 1
+    with Dreamer(env, size="nano", run__device="cpu", run_dir=tmp_path / "run",
+                 env__num_envs=3, train__prefill=12) as agent:
+        assert agent.cfg.env.num_envs == 3
+        agent.learn(12)
+        assert agent.trainer.collector.n == 3

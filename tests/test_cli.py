@@ -162,3 +162,24 @@ def test_bad_command_line_values_are_one_line_errors(tmp_path):
         assert message in r.output, (args, r.output)
         assert r.exception is None or isinstance(r.exception, SystemExit), args
     assert not any(tmp_path.iterdir())
+
+
+def test_lucids_warnings_are_once_per_message_at_the_users_line_and_plain_in_the_cli():
+    import warnings
+    from lucid import LucidWarning
+    from lucid.warn import show_plainly, warn
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()
+        warnings.filterwarnings("once", category=LucidWarning)  # lucid's default
+        for _ in range(3):
+            warn("the same thing")
+        warn("another thing")
+    assert [(str(w.message), w.category, w.filename) for w in caught] == [
+        ("the same thing", LucidWarning, __file__), ("another thing", LucidWarning, __file__)]
+    lines = []
+    with warnings.catch_warnings():  # restores showwarning after
+        warnings.simplefilter("always")
+        show_plainly(lines.append)
+        warn("a lucid warning")
+        warnings.warn("someone else's", UserWarning)  # shown as Python shows it
+    assert lines == ["warning: a lucid warning"]

@@ -366,9 +366,34 @@ def test_a_start_that_fails_after_making_its_directory_takes_it_away(tmp_path, m
     assert list((tmp_path / "runs").iterdir()) == []
     assert not (tmp_path / "made" / "run").exists()
     assert (tmp_path / "mine").is_dir()  # the user's, with the config.yaml a retry replaces
+    # a memory-mapped replay's ring files, made before the envs, go with the directory
+    monkeypatch.setattr(envs_for_tests.OneInstanceEnv, "made", 0)
+    with pytest.raises(Exception, match="one instance per process"):
+        Trainer(_cfg(tmp_path / "mm", env=env, train={"replay_memmap": True}))
+    assert not (tmp_path / "mm").exists()
     monkeypatch.setattr(envs_for_tests.OneInstanceEnv, "made", -5)  # builds from now on
     tr = Trainer(_cfg(tmp_path / "mine", env=env))
     tr.close()
+
+
+def test_a_start_that_loses_the_lock_leaves_the_winners_directory_alone(tmp_path, monkeypatch):
+    """Two starts on the same new --run-dir: both find it missing, the other one makes and
+    locks it first; the refused start must not take away what it did not make."""
+    import lucid.train
+    real, other = lucid.train.claim_run_dir, []
+
+    def other_claims_first(given, cfg):
+        monkeypatch.setattr(lucid.train, "claim_run_dir", real)
+        other.append(Trainer(_cfg(given)))
+        return real(given, cfg)
+
+    monkeypatch.setattr(lucid.train, "claim_run_dir", other_claims_first)
+    with pytest.raises(ConfigError, match="in use by another Trainer"):
+        Trainer(_cfg(tmp_path / "run"))
+    assert (tmp_path / "run" / "config.yaml").is_file()
+    other[0].run()
+    other[0].close()
+    assert list_checkpoints(tmp_path / "run")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -460,7 +485,7 @@ def test_one_training_process_per_run_directory_and_loading_one_changes_nothing(
     assert files() == before
     tr.close()
     # e.g. a second `lucid train --resume` while the first one trains
-    holder = subprocess.Popen(
+    holder = popen_grouped(
         [sys.executable, "-c", "import sys; from lucid.checkpoint import RunLock; "
          f"lock = RunLock({str(tmp_path)!r}); lock.acquire(); print('held', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -470,7 +495,10 @@ def test_one_training_process_per_run_directory_and_loading_one_changes_nothing(
                                               rf"{holder.pid}\)"):
             Trainer(make_config("default", run={"steps": 60}), tmp_path, resume=True)
     finally:
-        holder.communicate("", timeout=60)
+        try:
+            holder.communicate("", timeout=60)
+        finally:
+            kill_group(holder)
     assert files() == before
     # eval and dream load it without the lock, into memory, and write nothing
     view = Trainer(make_config("default", run={"steps": 0}), tmp_path, resume=True, learn=False)
@@ -671,6 +699,7 @@ def started():
     yield procs
     for proc in procs:
         kill_group(proc)
+        proc.wait(30)
 
 
 def _start(started, run_dir, log, env, resume=True):

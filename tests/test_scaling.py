@@ -282,10 +282,10 @@ def test_torchrun_two_nodes_rendezvous(tmp_path):
              "run.progress=false", "run.videos=false"] for node in (0, 1)]
     procs = [popen_grouped(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True) for c in cmds]
-    outs = []
+    outs, deadline = [], time.monotonic() + 300
     try:
         for proc in procs:
-            outs.append(proc.communicate(timeout=300)[0])
+            outs.append(proc.communicate(timeout=max(deadline - time.monotonic(), 1))[0])
     finally:
         for proc in procs:
             kill_group(proc)

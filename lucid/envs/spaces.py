@@ -263,9 +263,11 @@ class ActionSpec:
     parts: list[tuple[tuple, "ActionSpec"]] = field(default_factory=list)  # (path, leaf spec)
 
     @classmethod
-    def from_space(cls, space: gym.Space) -> "ActionSpec":
+    def from_space(cls, space: gym.Space, where: str = "") -> "ActionSpec":
+        """`where`: the leaf's path in a Dict/Tuple action space, for messages."""
         if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
             return cls._structured(space)
+        what = f"the action space {space}" + (f" (action {where!r})" if where else "")
         if isinstance(space, gym.spaces.Discrete):
             return cls(discrete=[int(space.n)], shape=(), start=np.array([int(space.start)]))
         if isinstance(space, gym.spaces.MultiDiscrete):
@@ -280,18 +282,19 @@ class ActionSpec:
             low, high = space.low.astype(np.float64).ravel(), space.high.astype(np.float64).ravel()
             open_dims = np.flatnonzero(~(np.isfinite(low) & np.isfinite(high)))
             if open_dims.size:
-                warn(f"the action space {space} has infinite bounds at dims "
+                warn(f"{what} has infinite bounds at dims "
                      f"{open_dims.tolist()}: lucid's actions there lie in [-1, 1] (within the "
                      f"bounds); give it finite bounds, or rescale with "
                      f"gymnasium.wrappers.RescaleAction")
             return cls(low=low, high=high, shape=tuple(space.shape))
-        raise TypeError(f"unsupported action space {space}; lucid supports {SUPPORTED_ACT}")
+        raise TypeError(f"unsupported {what[4:]}; lucid supports {SUPPORTED_ACT}")
 
     @classmethod
     def _structured(cls, space: gym.Space) -> "ActionSpec":
         """A Dict/Tuple action space: the model's action is its leaves' actions side by side
         (leaf order), all categorical sub-actions or all one Normal, as for a flat space."""
-        parts = [(path, cls.from_space(leaf)) for path, leaf in _leaves(space)]
+        parts = [(path, cls.from_space(leaf, "/".join(map(str, path))))
+                 for path, leaf in _leaves(space)]
         if not parts:
             raise TypeError(f"the action space {space} has no actions in it")
         kinds = {part.is_discrete for _, part in parts}
