@@ -62,12 +62,12 @@ class Dreamer:
     def __init__(self, env, preset: str | None = None, size: str | None = None,
                  run_dir: str | Path | None = None, **overrides: Any):
         """`env` is an env name (any gymnasium id, a suite name such as `atari:Pong`, or
-        `module.path:EnvClass`) or a gymnasium.Env instance (trained on one copy of it, or N with
-        env__num_envs=N; such a run cannot be resumed from the command line). `preset` defaults to the env's domain
-        preset. `overrides` are config keys as section__key=value (e.g.
-        train__train_ratio=64) or nested dicts per section (train={"train_ratio": 64});
-        the env section's keys only as env__key=value (env__num_envs=4), since `env` is
-        the env itself."""
+        `module.path:EnvClass`) or a gymnasium.Env instance (trained on one copy of it, or N
+        with env__num_envs=N; such a run cannot be resumed from the command line). `preset`
+        defaults to the env's domain preset. `overrides` are config keys as
+        section__key=value (e.g. train__train_ratio=64) or nested dicts per section
+        (train={"train_ratio": 64}); the env section's keys only as env__key=value
+        (env__num_envs=4, env__kwargs={...}), since `env` is the env itself."""
         if isinstance(env, type) and issubclass(env, gym.Env):
             raise TypeError(f"Dreamer got the class {env.__name__}; pass an instance "
                             f"({env.__name__}()) or a name such as 'my_module:{env.__name__}'")

@@ -236,7 +236,7 @@ def render() -> str:
         "(docs/presets.md explains them). Without `--preset`, `lucid train` and "
         "`Dreamer(env)` pick the environment's domain preset (`cpu-control` for CartPole-v1, "
         "`default` for an env of no known suite); when that is one of the paper's settings "
-        "and the run is on a CPU, they say so (a note; a `UserWarning` in Python) and name "
+        "and the run is on a CPU, they say so (a note; a `LucidWarning` in Python) and name "
         "`cpu-control` and `cpu-pixels`.\n",
         presets_markdown(),
     ]

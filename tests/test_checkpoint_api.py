@@ -246,8 +246,9 @@ def test_dreamer_names_the_cpu_presets_when_the_envs_preset_is_the_papers(recwar
     """As `lucid train` notes it: a preset picked by the env's domain that is one of the
     paper's settings is slow on a CPU; a preset the user chose, a CPU preset, or a train ratio
     the user chose, is not noted."""
-    with pytest.warns(UserWarning, match=r"preset default is the paper's setting \(train ratio "
-                                         r"512\).*preset='cpu-control'.*preset='cpu-pixels'") as rec:
+    with pytest.warns(UserWarning, match=r"preset default is the paper's setting \(train "
+                                         r"ratio 512\).*preset='cpu-control'.*"
+                                         r"preset='cpu-pixels'") as rec:
         Dreamer("Pendulum-v1", size="nano", run__device="cpu")
     assert rec[0].filename == __file__  # the user's line
     recwarn.clear()

@@ -267,7 +267,7 @@ class ActionSpec:
         """`where`: the leaf's path in a Dict/Tuple action space, for messages."""
         if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
             return cls._structured(space)
-        what = f"the action space {space}" + (f" (action {where!r})" if where else "")
+        name = f"action space {space}" + (f" (action {where!r})" if where else "")
         if isinstance(space, gym.spaces.Discrete):
             return cls(discrete=[int(space.n)], shape=(), start=np.array([int(space.start)]))
         if isinstance(space, gym.spaces.MultiDiscrete):
@@ -282,12 +282,12 @@ class ActionSpec:
             low, high = space.low.astype(np.float64).ravel(), space.high.astype(np.float64).ravel()
             open_dims = np.flatnonzero(~(np.isfinite(low) & np.isfinite(high)))
             if open_dims.size:
-                warn(f"{what} has infinite bounds at dims "
+                warn(f"the {name} has infinite bounds at dims "
                      f"{open_dims.tolist()}: lucid's actions there lie in [-1, 1] (within the "
                      f"bounds); give it finite bounds, or rescale with "
                      f"gymnasium.wrappers.RescaleAction")
             return cls(low=low, high=high, shape=tuple(space.shape))
-        raise TypeError(f"unsupported {what[4:]}; lucid supports {SUPPORTED_ACT}")
+        raise TypeError(f"unsupported {name}; lucid supports {SUPPORTED_ACT}")
 
     @classmethod
     def _structured(cls, space: gym.Space) -> "ActionSpec":
