@@ -105,3 +105,19 @@ def test_architecture_module_table_names_exist():
         for cls, methods in re.findall(r"`(\w+)` \(([^)]*)\)", names):
             for m in re.findall(r"`(\w+)`", methods):
                 assert f"{cls}.{m}" in defined, f"{cls}.{m}"
+
+
+def test_the_presets_table_matches_the_presets():
+    """docs/presets.md's table (model, envs, B × T, train ratio) is what each preset resolves
+    to."""
+    text = (ROOT / "docs/presets.md").read_text()
+    rows = re.findall(r"^\| (`[^|]+) \| (\w+) \| (\d+) \| (\d+) × (\d+) \| (\d+) \|", text, re.M)
+    seen = set()
+    for names, size, envs, b, t, ratio in rows:
+        for name in re.findall(r"`([^`]+)`", names):
+            cfg = C.make_config(name)
+            assert (cfg.model.size, cfg.env.num_envs, cfg.train.batch_size,
+                    cfg.train.batch_length, cfg.train.train_ratio) == (
+                size, int(envs), int(b), int(t), float(ratio)), name
+            seen.add(name)
+    assert seen == set(C.PRESETS), f"presets missing from docs/presets.md: {set(C.PRESETS) - seen}"

@@ -21,8 +21,8 @@ from lucid.cli import app  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
-TINY = ["--size", "nano", "train.batch_size=2", "train.batch_length=8", "train.horizon=3",
-        "train.replay_capacity=2000", "run.videos=false", "run.progress=false",
+TINY = ["--size", "nano", "env.num_envs=1", "train.batch_size=2", "train.batch_length=8",
+        "train.horizon=3", "train.replay_capacity=2000", "run.videos=false", "run.progress=false",
         "run.device=cpu", "run.log_every=1000"]
 
 # env id -> (env steps, prefill, train ratio, extra overrides). Updates are
