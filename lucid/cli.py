@@ -103,11 +103,11 @@ def train(
     if env.split(".")[0] in sections and ":" not in env and "/" not in env:
         _fail(f"{env!r} looks like a config key without a value: write {env}=VALUE "
               f"(`lucid config` lists the keys)")
-    for key, val in (("runners", runners), ("num_runners", num_runners),
-                     ("envs_per_runner", envs_per_runner), ("ray_address", ray_address),
-                     ("logger", logger)):
-        if val is not None:  # these flags are run.* config keys
-            overrides.append(f"run.{key}={val}")
+    # These flags are run.* config keys; like --steps and --size they lose to an explicit
+    # section.key=value override, so they go first.
+    overrides[:0] = [f"run.{key}={val}" for key, val in (
+        ("runners", runners), ("num_runners", num_runners), ("envs_per_runner", envs_per_runner),
+        ("ray_address", ray_address), ("logger", logger)) if val is not None]
     try:
         if resume:
             ignored = _not_applied_on_resume(env, overrides, preset=preset, size=size, seed=seed,

@@ -1,6 +1,7 @@
 import json
 
 import torch
+import yaml
 from typer.testing import CliRunner
 
 from lucid.cli import app
@@ -24,6 +25,18 @@ def test_a_paper_preset_on_a_cpu_comes_with_a_hint(tmp_path):
     assert "note: preset default is the paper's setting" in r.output and "cpu-control" in r.output
     done = json.loads(r.output.strip().splitlines()[-1].removeprefix("done: "))  # JSON, too
     assert done["env_steps"] == 0
+
+
+def test_overrides_win_over_the_flags_they_name(tmp_path):
+    """Precedence: preset < --size, --steps, --logger, ... < section.key=value."""
+    r = runner.invoke(app, ["train", "CartPole-v1", "--size", "nano", "--steps", "0",
+                            "--run-dir", str(tmp_path), "--device", "cpu", "--logger",
+                            "tensorboard", "--num-runners", "3", "model.size=micro",
+                            "run.logger=none", "run.num_runners=2", "run.progress=false"])
+    assert r.exit_code == 0, r.output
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert (saved["model"]["size"], saved["run"]["logger"], saved["run"]["num_runners"]) == (
+        "micro", "none", 2)
 
 
 def test_version_and_short_help():

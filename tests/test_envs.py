@@ -84,6 +84,8 @@ def test_unknown_names_get_suggestions():
         make_env("atari:")
     with pytest.raises(TypeError, match="unknown Atari option"):
         make_env("atari:Pong", grey=True)
+    with pytest.raises(TypeError, match=r"unknown Crafter option\(s\) \['gray'\]; options: "):
+        make_env("crafter", gray=True)
     # another version of the same gymnasium env first (not tabular/CliffWalking-v0)
     with pytest.raises(UnknownEnvError, match=r"did you mean CliffWalking-v1\?"):
         make_env("CliffWalking-v0")

@@ -66,6 +66,10 @@ def _crafter(task, render_mode=None, **kw):
     if task not in ("", "reward", "noreward"):
         raise UnknownEnvError(f"unknown Crafter variant {task!r}; use crafter, crafter:reward "
                               f"or crafter:noreward")
+    opts = ("size", "length", "area", "view", "seed")
+    unknown = set(kw) - set(opts)
+    if unknown:
+        raise TypeError(f"unknown Crafter option(s) {sorted(unknown)}; options: {sorted(opts)}")
     return CrafterEnv(reward=task != "noreward", render_mode=render_mode, **kw)
 
 
