@@ -18,9 +18,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from .checkpoint import atomic_torch_save, load_checkpoint, load_latest, FORMAT_VERSION
+from .checkpoint import (FORMAT_VERSION, atomic_torch_save, atomic_write_text, load_checkpoint,
+                         load_latest)
 from .config import ConfigError, from_yaml, make_config, to_yaml
-from .envs import INSTANCE_PREFIX, default_preset
+from .envs import INSTANCE_PREFIX, default_preset, env_label
 from .train import Trainer, load_here, slow_preset_note
 from .world_model import State
 from .warn import warn
@@ -117,9 +118,18 @@ class Dreamer:
                              f"{total_env_steps!r}")
         if self.trainer.collector is None:  # made or loaded to act with: its run starts now
             self._start_run()
-        self.trainer.cfg.run.steps = self.trainer.counters["env_steps"] + int(total_env_steps)
+        cfg = self.trainer.cfg
+        cfg.run.steps = self.trainer.counters["env_steps"] + int(total_env_steps)
+        # config.yaml says how far this run goes, as for `lucid train --steps`, so a resume
+        # from the command line without --steps stops where this learn() would have
+        atomic_write_text(Path(self.trainer.run_dir) / "config.yaml", to_yaml(cfg))
         self.trainer.run(callback=callback)
         return self
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run directory: where checkpoints, logs and videos go; None until learn()."""
+        return None if self.trainer.run_dir is None else Path(self.trainer.run_dir)
 
     def predict(self, obs, state=None, deterministic: bool = False, episode_start=None):
         """Action(s) for one observation (no batch axis) or a batch of N; returns
@@ -205,9 +215,10 @@ class Dreamer:
         if env is not None:
             cfg.env.id = _env_id(env)
         elif cfg.env.id.startswith(INSTANCE_PREFIX):
-            raise ValueError(f"{path} was trained on an env instance (Dreamer(MyEnv())), whose "
-                             f"name does not outlive its process; pass the env again: "
-                             f"Dreamer.load(path, env=MyEnv())")
+            cls_name = env_label(cfg.env.id)
+            raise ValueError(f"{path} was trained on an env instance (Dreamer({cls_name}(...))),"
+                             f" which a checkpoint cannot hold; pass the env again: "
+                             f"Dreamer.load(path, env={cls_name}(...))")
         load_here(cfg, device)
         cfg.run.run_dir = None
         self = cls.__new__(cls)

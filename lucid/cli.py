@@ -262,20 +262,35 @@ def dream_cmd(run_dir: str,
     """Open-loop dream video from real starting states: truth | prediction | error.
 
     The model observes --context replayed steps, then predicts --horizon steps with the
-    recorded actions only. Saved to RUN_DIR/videos/ unless --out is given."""
-    from .video import dream_video, write_video
-    if out and Path(out).suffix.lower() not in (".mp4", ".gif"):
-        _fail(f"--out must end in .mp4 or .gif, got {out!r}")
+    recorded actions only. Saved to RUN_DIR/videos/ unless --out is given. Vector envs whose
+    states cannot be drawn get a PNG plot of truth and prediction per dimension instead."""
+    from .video import dream, dream_frames, plot_open_loop, write_video
+    if out and Path(out).suffix.lower() not in (".mp4", ".gif", ".png"):
+        _fail(f"--out must end in .mp4 or .gif (or .png: a plot), got {out!r}")
     if min(horizon, rows, context) < 1 or fps <= 0:
         _fail(f"--horizon, --rows and --context must be >= 1 and --fps > 0 (got "
               f"{horizon}, {rows}, {context}, {fps})")
     trainer = _load_run(run_dir)
+    plot = out is not None and Path(out).suffix.lower() == ".png"
     try:
-        frames = dream_video(trainer, horizon=horizon, context=context, rows=rows, seed=seed)
-    except ValueError as exc:
+        result = dream(trainer, horizon=horizon, context=context, rows=rows, seed=seed)
+        frames = None if plot else dream_frames(trainer, result)
+    except (ValueError, TypeError) as exc:
         _fail(exc)
+    if plot and not result.vectors:
+        _fail("a .png plot draws vector observations, and this run has images only; "
+              "use --out NAME.mp4")
     steps = trainer.counters["env_steps"]
-    path = Path(out) if out else _unused([Path(run_dir) / "videos" / f"dream-{steps:09d}.mp4"])[0]
+    default = Path(run_dir) / "videos" / f"dream-{steps:09d}"
+    if frames is None:  # a plot: asked for, or the env cannot draw its states
+        if out and not plot:
+            _fail(f"the states of {trainer.cfg.env.id} cannot be drawn as video frames (only "
+                  f"images and classic-control states can); use --out NAME.png for a plot")
+        path = Path(out) if out else _unused([default.with_suffix(".png")])[0]
+        path = plot_open_loop(result, path)
+        typer.echo(json.dumps({"plot": str(path), "context": context, "horizon": horizon}))
+        return
+    path = Path(out) if out else _unused([default.with_suffix(".mp4")])[0]
     write_video(path, frames, fps=fps)
     typer.echo(json.dumps({"video": str(path), "frames": len(frames), "context": context,
                            "horizon": horizon}))

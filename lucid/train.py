@@ -21,6 +21,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
+import yaml
 
 from . import checkpoint as ckpt
 from .agent import Agent
@@ -171,10 +172,16 @@ def claim_run_dir(given: Path | None, cfg: Config) -> Path:
                 f"first checkpoint, so it cannot be resumed; give another run directory, or "
                 f"delete {given} to use its name again. Nothing was written")
         if held:
+            how = f"`lucid train --resume {given}` (or Dreamer.load)"
+            try:  # a run on an env instance continues from Python only
+                held_env = yaml.safe_load((given / "config.yaml").read_text())["env"]["id"]
+            except Exception:
+                held_env = ""
+            if str(held_env).startswith(INSTANCE_PREFIX):
+                how = f"Dreamer.load({str(given)!r}, resume=True, env={env_label(held_env)}(...))"
             raise ConfigError(
-                f"{given} already holds a run ({', '.join(held)}); continue it with "
-                f"`lucid train --resume {given}` (or Dreamer.load), or give another run "
-                f"directory. Nothing was written")
+                f"{given} already holds a run ({', '.join(held)}); continue it with {how}, or "
+                f"give another run directory. Nothing was written")
         try:
             given.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError, PermissionError) as exc:

@@ -479,20 +479,39 @@ def dream_batch(replay, n: int, length: int, device="cpu", seed: int = 0) -> dic
     return to_batch({k: arr[env, idx] for k, arr in replay.data.items()}, torch.device(device))
 
 
-def dream_video(trainer, horizon: int = 45, context: int = 5, rows: int = 3, seed: int = 0
-                ) -> np.ndarray:
-    """Open-loop frames for a Trainer (its agent and replay): rendered states for vector
-    observations of classic-control envs, image panels otherwise."""
+def dream(trainer, horizon: int = 45, context: int = 5, rows: int = 3, seed: int = 0
+          ) -> OpenLoop:
+    """The open-loop dream of a Trainer (its agent and replay) from `rows` replayed windows."""
     batch = dream_batch(trainer.replay, rows, context + horizon, trainer.device, seed)
-    result = open_loop(trainer.agent, batch, context, horizon)
+    return open_loop(trainer.agent, batch, context, horizon)
+
+
+def dream_frames(trainer, result: OpenLoop, downsample: int = 2) -> np.ndarray | None:
+    """Frames of a dream: image panels, or rendered states for vector observations of the
+    classic-control envs; None for vector envs whose states cannot be drawn (plot those with
+    `plot_open_loop`)."""
     if result.images:
         return result.frames()
-    renderer = StateRenderer(trainer.cfg.env.id, trainer.cfg.env.max_episode_steps,
-                             downsample=2)
+    env = trainer.cfg.env
+    if not StateRenderer.supports(env.id):
+        return None
+    renderer = StateRenderer(env.id, env.max_episode_steps, downsample=downsample)
     try:
         return result.frames(renderer)
     finally:
         renderer.close()
+
+
+def dream_video(trainer, horizon: int = 45, context: int = 5, rows: int = 3, seed: int = 0
+                ) -> np.ndarray:
+    """Open-loop frames for a Trainer: rendered states for vector observations of
+    classic-control envs, image panels otherwise (ValueError for other vector envs)."""
+    frames = dream_frames(trainer, dream(trainer, horizon, context, rows, seed))
+    if frames is None:
+        raise ValueError(f"cannot draw the states of {trainer.cfg.env.id}: states can be drawn "
+                         f"for {', '.join(sorted(STATE_FROM_OBS))}; plot its dream with "
+                         f"lucid.video.plot_open_loop(lucid.video.dream(trainer), 'dream.png')")
+    return frames
 
 
 def log_videos(trainer, writer, step: int, horizon: int = 45, context: int = 5,
@@ -521,17 +540,8 @@ def _log_videos(trainer, writer, step, horizon, context, fps, rows) -> dict[str,
     stored = min(trainer.replay.count, trainer.replay.per_env)
     if stored >= context + 1:
         horizon = min(horizon, stored - context)
-        batch = dream_batch(trainer.replay, rows, context + horizon, trainer.device, seed=step)
-        result = open_loop(trainer.agent, batch, context, horizon)
-        frames = None
-        if result.images:
-            frames = result.frames()
-        elif StateRenderer.supports(cfg.env.id):
-            renderer = StateRenderer(cfg.env.id, cfg.env.max_episode_steps, downsample=2)
-            try:
-                frames = result.frames(renderer)
-            finally:
-                renderer.close()
+        result = dream(trainer, horizon, context, rows, seed=step)
+        frames = dream_frames(trainer, result)
         if frames is not None:
             paths["dream"] = write_video(out_dir / f"dream-{step:09d}.mp4", frames, fps=fps)
             if writer is not None:

@@ -4,6 +4,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from lucid import Dreamer
 from lucid.checkpoint import atomic_torch_save, list_checkpoints, load_checkpoint, load_latest
@@ -90,7 +91,7 @@ def test_dreamer_api_learn_predict_save_load(tmp_path, monkeypatch):
                                   "prefill": 20, "train_ratio": 16})
     agent = Dreamer("CartPole-v1", run_dir=tmp_path / "run", **kw)
     # made to act with until the first learn(): no directory, no files, no lock
-    assert agent.trainer.run_dir is None and sorted(tmp_path.iterdir()) == []
+    assert agent.run_dir is None and sorted(tmp_path.iterdir()) == []
     other = Dreamer("CartPole-v1", run_dir=tmp_path / "run", **kw)  # nothing claimed yet
     assert len(other.evaluate(1)) == 1 and sorted(tmp_path.iterdir()) == []
     fresh_weights = [p.detach().clone() for p in agent.agent.wm.parameters()]
@@ -104,6 +105,10 @@ def test_dreamer_api_learn_predict_save_load(tmp_path, monkeypatch):
     assert agent.trainer.counters["env_steps"] == 40
     agent.learn(20)
     assert agent.trainer.counters["env_steps"] == 60
+    # config.yaml holds where learn() went, as `lucid train --steps` would (a CLI resume
+    # without --steps stops there)
+    assert agent.run_dir == tmp_path / "run"
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["run"]["steps"] == 60
     obs = np.array([0.01, -0.02, 0.03, 0.0], np.float32)
     action, state = agent.predict(obs, deterministic=True)
     assert int(action) in (0, 1)
@@ -215,8 +220,11 @@ def test_dreamer_api_takes_an_env_instance_and_a_callback(tmp_path):
     assert default_run_dir(agent.cfg).name.startswith("CartPoleEnv-")
     assert agent.trainer.resume_hint() == (f"Dreamer.load({str(tmp_path / 'run')!r}, "
                                           f"resume=True, env=CartPoleEnv(...))")
+    with pytest.raises(ConfigError, match=r"continue it with Dreamer\.load\(.*resume=True, "
+                                          r"env=CartPoleEnv\(\.\.\.\)\)"):
+        Trainer(make_config("cpu-control", run={"run_dir": str(tmp_path / "run")}))
     agent.save(tmp_path / "a.pt")  # the checkpoint holds the env's name, not the instance
-    with pytest.raises(ValueError, match=r"trained on an env instance.*env=MyEnv\(\)"):
+    with pytest.raises(ValueError, match=r"trained on an env instance.*env=CartPoleEnv\(\.\.\.\)"):
         Dreamer.load(tmp_path / "a.pt", run_dir=tmp_path / "r2")
     again = Dreamer.load(tmp_path / "a.pt", run_dir=tmp_path / "r3",
                          env=gym.make("CartPole-v1", max_episode_steps=30))

@@ -381,6 +381,39 @@ def test_cli_eval_video_dream_plot_report(runs, tmp_path):
     assert r.exit_code == 2
 
 
+def test_dream_of_a_vector_env_that_cannot_draw_its_states_is_a_plot(runs, tmp_path,
+                                                                      monkeypatch):
+    """CountEnv takes no render_mode: `lucid dream` plots truth and prediction per dimension
+    (a video of it is refused by name); a CartPole run gives the plot when asked."""
+    monkeypatch.chdir(Path(__file__).parent)  # envs_for_tests is found from here
+    cfg = make_config("cpu-control", [
+        "env.id=envs_for_tests:CountEnv", "env.kwargs.length=20", "model.size=nano",
+        "train.prefill=30", "run.steps=40", "train.batch_size=2", "train.batch_length=8",
+        "train.train_ratio=8", "run.progress=false", "run.log_every=0", "run.videos=false",
+        f"run.run_dir={tmp_path / 'count'}"])
+    tr = Trainer(cfg)
+    try:
+        tr.run()
+    finally:
+        tr.close()
+    run = str(tmp_path / "count")
+    r = cli.invoke(app, ["dream", run, "--horizon", "6", "--context", "2"])
+    assert r.exit_code == 0, r.output
+    plot = Path(json.loads(r.output.strip().splitlines()[-1])["plot"])
+    assert plot.parent == tmp_path / "count" / "videos" and plot.suffix == ".png"
+    assert iio.imread(plot).ndim == 3
+    r = cli.invoke(app, ["dream", run, "--horizon", "6", "--out", str(tmp_path / "d.mp4")])
+    assert r.exit_code == 2 and "cannot be drawn" in r.output and "NAME.png" in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    with pytest.raises(ValueError, match="plot_open_loop"):
+        video.dream_video(Trainer(make_config("default", run={"steps": 0}), run, resume=True,
+                                  learn=False), horizon=4, context=2)
+    r = cli.invoke(app, ["dream", str(runs[0]), "--horizon", "4",
+                         "--out", str(tmp_path / "c.png")])
+    assert r.exit_code == 0, r.output
+    assert iio.imread(tmp_path / "c.png").ndim == 3
+
+
 def test_finish_run_writes_curve_videos_and_report(trainer, tmp_path):
     """What train.py calls at the end of a run (and `log_videos` periodically)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
