@@ -112,6 +112,8 @@ class Dreamer:
         finished training episode with a dict of the counters, `return` and `length`;
         returning a false value (False, 0, np.False_; not None) stops learning (with a
         checkpoint)."""
+        if isinstance(total_env_steps, float) and total_env_steps.is_integer():
+            total_env_steps = int(total_env_steps)  # learn(1e5)
         if not isinstance(total_env_steps, numbers.Integral) or isinstance(total_env_steps, bool) \
                 or total_env_steps < 0:
             raise ValueError(f"learn() takes a whole number of env steps >= 0, got "

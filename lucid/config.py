@@ -270,7 +270,9 @@ def _installed(module: str) -> bool:
 
 
 def _suggest(word: str, options) -> str:
-    close = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.5)
+    options = list(options)
+    same = [o for o in options if str(o).lower() == str(word).lower()]  # xs -> XS
+    close = same or difflib.get_close_matches(str(word), options, n=1, cutoff=0.5)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

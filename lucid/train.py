@@ -92,8 +92,8 @@ def check_resumable(saved: Config, cfg: Config, where: Path) -> None:
         changed = [c for c in changed if not c.startswith(("run.num_runners", "run.envs_per"))]
     if changed:
         raise ConfigError(f"{where} changed what this run's checkpoint and replay were made "
-                          f"for: {'; '.join(changed)}. Put those values back to resume, or "
-                          f"start a new run with the new settings")
+                          f"for: {'; '.join(changed)}. Put those values back to resume or load "
+                          f"it, or start a new run with the new settings")
 
 
 def resumed_device(saved: str, given: str) -> str:

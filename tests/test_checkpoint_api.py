@@ -103,7 +103,7 @@ def test_dreamer_api_learn_predict_save_load(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="run already holds a run .*Nothing was written"):
         other.learn(10)  # the directory is the first one's now
     assert agent.trainer.counters["env_steps"] == 40
-    agent.learn(20)
+    agent.learn(2e1)  # a whole float, as in learn(1e5)
     assert agent.trainer.counters["env_steps"] == 60
     # config.yaml holds where learn() went, as `lucid train --steps` would (a CLI resume
     # without --steps stops there)

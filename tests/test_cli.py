@@ -15,6 +15,8 @@ def test_unknown_config_key_is_refused_with_the_closest_key():
     assert "train.batch_sise" in r.output and "train.batch_size" in r.output
     r = runner.invoke(app, ["train", "--size", "XXL"])
     assert r.exit_code == 2 and "did you mean 'XL'" in r.output, r.output
+    r = runner.invoke(app, ["config", "model.size=xs"])  # the case is all that is wrong
+    assert r.exit_code == 2 and "did you mean 'XS'" in r.output, r.output
 
 
 def test_a_paper_preset_on_a_cpu_comes_with_a_hint(tmp_path):

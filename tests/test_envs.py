@@ -73,9 +73,12 @@ def test_default_preset_maps_env_names_to_the_paper_domains():
         assert default_preset(name) in PRESETS
 
 
-def test_unknown_names_get_suggestions():
+def test_unknown_names_get_suggestions(monkeypatch):
     with pytest.raises(ValueError, match="Pong"):
         make_env("atari:Pongg")
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # examples/ is found from the root
+    with pytest.raises(UnknownEnvError, match=r"did you mean examples\.custom_env:MyEnv\?"):
+        make_env("examples.custom_env.MyEnv")
     with pytest.raises(ValueError, match="walker-walk"):
         make_env("dmc:walker-wlk")
     with pytest.raises(ValueError, match="DoorKey-5x5"):

@@ -179,9 +179,11 @@ def _user_env(spec: str, **kwargs) -> gym.Env:
         if isinstance(exc, MissingExtraError):
             raise
         if spec.startswith(INSTANCE_PREFIX):
+            cls = env_label(spec)
             raise UnknownEnvError(
-                "this run was trained from Python on an env instance (Dreamer(MyEnv())), which "
-                "no other process can rebuild; load it with Dreamer.load(path, env=MyEnv())") from None
+                f"this run was trained from Python on an env instance (Dreamer({cls}(...))), "
+                f"which no other process can rebuild; load it with "
+                f"Dreamer.load(path, env={cls}(...))") from None
         suites = ", ".join(f"{p}:" for p in SUITES)
         if isinstance(exc, ModuleNotFoundError):
             exc = f"{exc} (modules are imported from the current directory and PYTHONPATH: " \
@@ -240,6 +242,13 @@ def make_env(env_id: str, max_episode_steps: int | None = None, render_mode: str
         versions = [k for k in gym.registry if k.rpartition("-v")[0] == name]  # Taxi-v3 -> v4
         close = versions or difflib.get_close_matches(env_id, list(gym.registry), n=3,
                                                       cutoff=0.6)
+        if not close and "." in env_id:  # my_pkg.envs.MyEnv for my_pkg.envs:MyEnv
+            module, _, attr = env_id.rpartition(".")
+            try:
+                _import_attr(f"{module}:{attr}")
+                close = [f"{module}:{attr}"]
+            except Exception:
+                pass
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise UnknownEnvError(f"unknown environment {env_id!r}{hint} (any registered gymnasium "
                               f"id, a suite such as atari:Pong or dmc:walker-walk, or "
