@@ -18,8 +18,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from .checkpoint import (FORMAT_VERSION, atomic_torch_save, atomic_write_text, load_checkpoint,
-                         load_latest)
+from .checkpoint import atomic_torch_save, load_checkpoint, load_latest, FORMAT_VERSION
 from .config import ConfigError, from_yaml, make_config, to_yaml
 from .envs import INSTANCE_PREFIX, default_preset, env_label
 from .train import Trainer, load_here, slow_preset_note
@@ -120,11 +119,10 @@ class Dreamer:
                              f"{total_env_steps!r}")
         if self.trainer.collector is None:  # made or loaded to act with: its run starts now
             self._start_run()
-        cfg = self.trainer.cfg
-        cfg.run.steps = self.trainer.counters["env_steps"] + int(total_env_steps)
+        self.trainer.cfg.run.steps = self.trainer.counters["env_steps"] + int(total_env_steps)
         # config.yaml says how far this run goes, as for `lucid train --steps`, so a resume
         # from the command line without --steps stops where this learn() would have
-        atomic_write_text(Path(self.trainer.run_dir) / "config.yaml", to_yaml(cfg))
+        self.trainer.write_config()
         self.trainer.run(callback=callback)
         return self
 

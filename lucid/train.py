@@ -96,6 +96,14 @@ def check_resumable(saved: Config, cfg: Config, where: Path) -> None:
                           f"it, or start a new run with the new settings")
 
 
+def resume_hint(env_id: str, run_dir) -> str:
+    """How to continue a run: the CLI, or for a run on an env instance (which no other
+    process can rebuild) Dreamer.load with the instance again."""
+    if env_id.startswith(INSTANCE_PREFIX):
+        return f"Dreamer.load({str(run_dir)!r}, resume=True, env={env_label(env_id)}(...))"
+    return f"`lucid train --resume {run_dir}`"
+
+
 def resumed_device(saved: str, given: str) -> str:
     """`run.device` of a resumed run (or one loaded for eval): the device asked for now when one
     is (not auto); else the run's own where this machine has it; else auto's choice here, with
@@ -172,13 +180,13 @@ def claim_run_dir(given: Path | None, cfg: Config) -> Path:
                 f"first checkpoint, so it cannot be resumed; give another run directory, or "
                 f"delete {given} to use its name again. Nothing was written")
         if held:
-            how = f"`lucid train --resume {given}` (or Dreamer.load)"
             try:  # a run on an env instance continues from Python only
-                held_env = yaml.safe_load((given / "config.yaml").read_text())["env"]["id"]
+                held_env = str(yaml.safe_load((given / "config.yaml").read_text())["env"]["id"])
             except Exception:
                 held_env = ""
-            if str(held_env).startswith(INSTANCE_PREFIX):
-                how = f"Dreamer.load({str(given)!r}, resume=True, env={env_label(held_env)}(...))"
+            how = resume_hint(held_env, given)
+            if not held_env.startswith(INSTANCE_PREFIX):
+                how += " (or Dreamer.load)"
             raise ConfigError(
                 f"{given} already holds a run ({', '.join(held)}); continue it with {how}, or "
                 f"give another run directory. Nothing was written")
@@ -302,7 +310,7 @@ class Trainer:
             self.run_dir = self._new_run_dir(Path(given) if given else None)
             self._hold()
         if self.rank == 0 and learn:
-            ckpt.atomic_write_text(self.run_dir / "config.yaml", to_yaml(cfg))
+            self.write_config()
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         if cfg.run.tune_malloc:
@@ -588,12 +596,11 @@ class Trainer:
                   f"{self.resume_hint()}")
 
     def resume_hint(self) -> str:
-        """How to continue this run: the CLI, or for a run on an env instance (which no other
-        process can rebuild) Dreamer.load with the instance again."""
-        if self.cfg.env.id.startswith(INSTANCE_PREFIX):
-            return (f"Dreamer.load({str(self.run_dir)!r}, resume=True, "
-                    f"env={env_label(self.cfg.env.id)}(...))")
-        return f"`lucid train --resume {self.run_dir}`"
+        return resume_hint(self.cfg.env.id, self.run_dir)
+
+    def write_config(self) -> None:
+        """RUN_DIR/config.yaml: the run's config, run.steps saying how far it goes."""
+        ckpt.atomic_write_text(self.run_dir / "config.yaml", to_yaml(self.cfg))
 
     def _disk_full(self, exc: OSError) -> DiskFullError:
         saved = ckpt.list_checkpoints(self.run_dir)

@@ -493,9 +493,10 @@ def dream_frames(trainer, result: OpenLoop, downsample: int = 2) -> np.ndarray |
     if result.images:
         return result.frames()
     env = trainer.cfg.env
-    if not StateRenderer.supports(env.id):
+    try:
+        renderer = StateRenderer(env.id, env.max_episode_steps, downsample=downsample)
+    except Exception:  # not a classic-control env, no render_mode, ...: cannot draw states
         return None
-    renderer = StateRenderer(env.id, env.max_episode_steps, downsample=downsample)
     try:
         return result.frames(renderer)
     finally:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import inspect
 import os
 import sys
 from typing import Any, Callable
@@ -66,8 +67,8 @@ def _crafter(task, render_mode=None, **kw):
     if task not in ("", "reward", "noreward"):
         raise UnknownEnvError(f"unknown Crafter variant {task!r}; use crafter, crafter:reward "
                               f"or crafter:noreward")
-    opts = ("size", "length", "area", "view", "seed")
-    unknown = set(kw) - set(opts)
+    opts = set(inspect.signature(CrafterEnv).parameters) - {"reward", "render_mode"}
+    unknown = set(kw) - opts
     if unknown:
         raise TypeError(f"unknown Crafter option(s) {sorted(unknown)}; options: {sorted(opts)}")
     return CrafterEnv(reward=task != "noreward", render_mode=render_mode, **kw)
