@@ -117,6 +117,7 @@ class Agent:
                   self.critic.net, self.critic.slow):
             m.compile(**opts)  # in place: parameters and their names are unchanged
         for twohot in (wm.twohot, self.critic.twohot):  # softmax and sum in one pass
+            twohot.bins(torch.empty(0, device=self.device))  # cached now, not in a graph
             twohot.mean = torch.compile(twohot.mean, **opts)
             twohot.mean_of = torch.compile(twohot.mean_of, **opts)
 

@@ -189,7 +189,9 @@ class WorldModel(nn.Module):
     def initial(self, n: int) -> State:
         """Learned initial state: h0 = tanh(param), z0 = mode of the prior at h0, zero action."""
         h = torch.tanh(self.initial_h).unsqueeze(0)
-        z = onehot_mode(self.prior_logp(h))
+        # The class's prior_logp: `train.compile` compiles the instance's for batches, and
+        # one row is not worth a graph of its own.
+        z = onehot_mode(WorldModel.prior_logp(self, h))
         return State(h.expand(n, -1), z.expand(n, -1, -1),
                      torch.zeros(n, self.action_dim, device=h.device, dtype=h.dtype))
 
@@ -234,6 +236,15 @@ class WorldModel(nn.Module):
         init = self.initial(B)  # computed once: the same for every reset in the batch
         if state is None:
             state = init
+            if self.chunk:
+                # train.compile: step 0 resets every row to `init`, so these values are
+                # replaced there. They are laid out as the state one `filter` call hands the
+                # next (h and z dense, z with gradient, the action a view of `action`), so
+                # that all the chunks of a batch run one compiled graph.
+                state = State(init.h.contiguous(),
+                              init.z.clone(memory_format=torch.contiguous_format)
+                              .requires_grad_(torch.is_grad_enabled()),
+                              torch.zeros_like(action)[:, 0])
             is_first = is_first.clone()
             is_first[:, 0].fill_(True)
         # Skip the reset arithmetic at steps where no row starts an episode: that reads the

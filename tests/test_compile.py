@@ -2,11 +2,13 @@
 
 Both agents start from the same parameters and the same RNG state, so they draw the same
 samples (sampling stays eager); only floating-point rounding of the fused kernels may differ.
-Kept small (nano, B=4, T=8, H=3). Compiling is what costs: on the project's 2-core CPU, with
-inductor's on-disk cache (/tmp/torchinductor_$USER) cold, ~110-200 s for the vector case with
-the C++ wrappers of `train.cpp_wrapper` (the default), ~40-70 s for the case with
-`train.cpp_kernels`, ~10 s for the training loop after the vector case, whose updates have
-its shapes (CartPole: 4 floats, 2 actions) and so reuse its graphs, and ~1-3 min for the
+Kept small (nano, B=4, T=4, H=3), with observe's loop in chunks of 2 steps instead of 8, so
+that a batch runs through two chunks, which must share one compiled graph. Compiling is what
+costs: on the project's 2-core CPU, with inductor's on-disk cache (/tmp/torchinductor_$USER)
+cold, ~170-190 s for the vector case with the C++ wrappers of `train.cpp_wrapper` (the
+default), ~20 s more for the case with `train.cpp_kernels` (plus ~40 s to build them, once
+per machine), ~10 s for the training loop after the vector case, whose updates have its
+shapes (CartPole: 4 floats, 2 actions) and so reuse its graphs, and ~130 s for the
 image/continuous case (marked `slow`), compiled with torch's Python wrappers so that both
 kinds are checked; warm, a fraction of that.
 """
@@ -21,23 +23,33 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from train_step import batch_for, spaces  # noqa: E402
 
+from lucid import agent as lucid_agent  # noqa: E402
 from lucid import kernels as lucid_kernels  # noqa: E402
 from lucid.agent import Agent  # noqa: E402
 from lucid.config import make_config  # noqa: E402
 from lucid.envs.spaces import ActionSpec  # noqa: E402
+from lucid.world_model import WorldModel  # noqa: E402
+
+B, T, H, CHUNK = 4, 4, 3, 2  # the training-loop test below uses the same shapes
+
+
+def _graphs(fn) -> int:
+    """How many compiled graphs dynamo holds for `fn`'s code."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+    return len(_debug_get_cache_entry_list(fn.__code__))
 
 
 def _losses(compile_: bool, obs: str, action: str, updates: int = 2,
             **train) -> list[dict]:
     cfg = make_config("default", model={"size": "nano"},
-                      train={"batch_size": 4, "batch_length": 8, "horizon": 3,
+                      train={"batch_size": B, "batch_length": T, "horizon": H,
                              "compile": compile_, **train})
     obs_spec, act_spec = spaces(obs, action)
     if obs == "vector" and action == "discrete":  # CartPole's 2 actions: the training-loop test reuses these graphs
         act_spec = ActionSpec.from_space(gym.spaces.Discrete(2))
     torch.manual_seed(0)
     agent = Agent(obs_spec, act_spec, cfg, "cpu")
-    batch = batch_for(obs_spec, act_spec, 4, 8, torch.device("cpu"))
+    batch = batch_for(obs_spec, act_spec, B, T, torch.device("cpu"))
     torch.manual_seed(1)
     return [agent.train(batch) for _ in range(updates)]
 
@@ -48,13 +60,17 @@ def _losses(compile_: bool, obs: str, action: str, updates: int = 2,
     # torch's Python wrappers (train.cpp_wrapper=false): half the compile time of C++ ones
     pytest.param("image", "continuous", False, False, marks=pytest.mark.slow),
 ])
-def test_compiled_matches_eager(obs, action, kernels, wrapper):
+def test_compiled_matches_eager(obs, action, kernels, wrapper, monkeypatch):
+    monkeypatch.setattr(lucid_agent, "COMPILE_CHUNK", CHUNK)
     torch._dynamo.reset()
     try:
         eager = _losses(False, obs, action, cpp_kernels=kernels)
         compiled = _losses(True, obs, action, cpp_kernels=kernels, cpp_wrapper=wrapper)
     finally:
         lucid_kernels.enable(False)
+    # The first chunk starts from the initial state, the second from the first's last state:
+    # one graph for both (a second would be a second compile of the largest graph).
+    assert _graphs(WorldModel.filter) == 1
     for e, c in zip(eager, compiled):
         assert e.keys() == c.keys()
         for k in ("world_model/loss", "world_model/decoder", "world_model/reward",
@@ -64,22 +80,24 @@ def test_compiled_matches_eager(obs, action, kernels, wrapper):
             assert c[k] == pytest.approx(e[k], rel=1e-2, abs=1e-3), k
 
 
-def test_compiled_agent_trains_checkpoints_and_resumes(tmp_path):
+def test_compiled_agent_trains_checkpoints_and_resumes(tmp_path, monkeypatch):
     """`train.compile=true` through the training loop: acting with the compiled encoder and
     actor, updates, a checkpoint, and a resumed run that loads it into a compiled agent
     (parameter names are unchanged by compiling) and carries on. Same update shapes as
-    above (nano, B=4, T=8, H=3, 4 floats, 2 actions), so the graphs compiled there are
-    reused."""
+    above (nano, B=4, T=4 in chunks of 2, H=3, 4 floats, 2 actions), so the graphs compiled
+    there are reused."""
     import json
     import math
 
     from lucid.train import Trainer
 
+    monkeypatch.setattr(lucid_agent, "COMPILE_CHUNK", CHUNK)
+
     def cfg(steps):
         return make_config("default", env={"id": "CartPole-v1", "num_envs": 2},
                            model={"size": "nano"},
-                           train={"batch_size": 4, "batch_length": 8, "horizon": 3,
-                                  "prefill": 20, "train_ratio": 32, "compile": True},
+                           train={"batch_size": B, "batch_length": T, "horizon": H,
+                                  "prefill": 20, "train_ratio": 16, "compile": True},
                            run={"steps": steps, "log_every": 0.0, "progress": False,
                                 "logger": "none", "run_dir": str(tmp_path)})
 
@@ -87,7 +105,7 @@ def test_compiled_agent_trains_checkpoints_and_resumes(tmp_path):
     first.run()
     first.close()
     c1 = dict(first.counters)
-    assert c1["updates"] == math.floor((c1["env_steps"] - 20) * 32 / (4 * 8)) > 0
+    assert c1["updates"] == math.floor((c1["env_steps"] - 20) * 16 / (B * T)) > 0
     params = [p.detach().clone() for p in first.agent.wm.parameters()]
     more = Trainer(cfg(60), tmp_path, resume=True)
     assert more.agent.config.train.compile
