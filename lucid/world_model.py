@@ -241,8 +241,9 @@ class WorldModel(nn.Module):
                 # replaced there. They are laid out as the state one `filter` call hands the
                 # next (h and z dense, z with gradient, the action a view of `action`), so
                 # that all the chunks of a batch run one compiled graph.
-                state = State(init.h.contiguous(),
-                              init.z.clone(memory_format=torch.contiguous_format)
+                dense = torch.contiguous_format  # copies: `init` itself is passed too
+                state = State(init.h.clone(memory_format=dense),
+                              init.z.clone(memory_format=dense)
                               .requires_grad_(torch.is_grad_enabled()),
                               torch.zeros_like(action)[:, 0])
             is_first = is_first.clone()
