@@ -223,14 +223,6 @@ class StateRenderer:
         self.to_state = STATE_FROM_OBS[name]
         self.env.reset(seed=0)
 
-    @staticmethod
-    def supports(env_id: str) -> bool:
-        try:
-            StateRenderer(env_id).close()
-            return True
-        except Exception:
-            return False
-
     def render(self, obs: np.ndarray) -> np.ndarray:
         self.env.unwrapped.state = self.to_state(np.asarray(obs, np.float64))
         k = self.downsample

@@ -236,7 +236,8 @@ def test_open_loop_cartpole_renders_dreamed_states_beside_real_ones(trainer, tmp
         assert not np.array_equal(renderer.render(moved), renderer.render(truth[0, 5]))
     finally:
         renderer.close()
-    assert not video.StateRenderer.supports(f"{__name__}:DotEnv")
+    with pytest.raises(ValueError, match="cannot render a given state of .*DotEnv"):
+        video.StateRenderer(f"{__name__}:DotEnv")
     # envs whose states cannot be drawn get a plot of truth and prediction per dimension
     png = iio.imread(video.plot_open_loop(res, tmp_path / "vectors.png"))
     assert png.ndim == 3 and png.shape[0] > 4 * 100
