@@ -65,11 +65,11 @@ def batch_for(obs_spec: ObsSpec, act_spec: ActionSpec, B: int, T: int, device) -
         obs[k] = torch.randint(0, 256, (B, T, *shape), generator=g, dtype=torch.uint8)
     for k, n in obs_spec.vectors.items():
         obs[k] = torch.randn(B, T, n, generator=g)
-    if act_spec.is_discrete:
-        action = torch.nn.functional.one_hot(torch.randint(0, act_spec.dim, (B, T), generator=g),
-                                             act_spec.dim).float()
-    else:
-        action = torch.rand(B, T, act_spec.dim, generator=g) * 2 - 1
+    parts = [torch.nn.functional.one_hot(torch.randint(0, n, (B, T), generator=g), n).float()
+             for n in act_spec.discrete or ()]  # one-hots first, then Box dims in [-1, 1]
+    if not act_spec.is_discrete:
+        parts.append(torch.rand(B, T, act_spec.dim - act_spec.n_discrete, generator=g) * 2 - 1)
+    action = torch.cat(parts, -1)
     batch = {"obs": obs, "action": action, "reward": torch.randn(B, T, generator=g),
              "is_first": torch.rand(B, T, generator=g) < 0.01,
              "is_terminal": torch.rand(B, T, generator=g) < 0.01}

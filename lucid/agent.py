@@ -15,7 +15,7 @@ from torch import nn
 
 from . import kernels
 from .behavior import (Actor, Critic, ReturnNorm, actor_loss, critic_loss, imagined_weights,
-                       lambda_return, replay_critic_loss, replay_lambda_return)
+                       lambda_return, replay_critic_loss, replay_lambda_return, uses_reinforce)
 from .config import Config
 from .envs.spaces import ActionSpec, ObsSpec
 from .world_model import State, WorldModel
@@ -59,8 +59,8 @@ class Agent:
         if t.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"train.cuda_graph=true needs a CUDA device, not {self.device}: "
                              f"use --device cuda, or train.cuda_graph=false")
-        self.wm = WorldModel(obs_spec, act_spec.dim, m,
-                             continuous=act_spec.discrete is None).to(self.device)
+        self.wm = WorldModel(obs_spec, act_spec.dim, m, box_from=None if act_spec.is_discrete
+                             else act_spec.n_discrete).to(self.device)
         if self.wm.encoder.cnn is not None:
             self.wm.encoder.cnn.channels_last = t.channels_last
         self.actor = Actor(self.wm.feat_dim, act_spec, m).to(self.device)
@@ -207,7 +207,7 @@ class Agent:
         h = out["h"].detach().reshape(-1, wm.D)
         z = out["z"].detach().reshape(-1, wm.G, wm.K)
         start_cont = 1.0 - batch["is_terminal"].reshape(-1).float()
-        dynamics_grad = not self.act_spec.is_discrete and t.continuous_grad == "dynamics"
+        dynamics_grad = not uses_reinforce(self.act_spec, t)
         params = []
 
         def policy(f):  # dynamics backprop; REINFORCE dreams without gradients (wm.dream)

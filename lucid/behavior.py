@@ -81,9 +81,21 @@ def _normal(mean: torch.Tensor, std: torch.Tensor) -> torch.distributions.Normal
     return torch.distributions.Normal(mean, std, validate_args=False)
 
 
+def uses_reinforce(spec: ActionSpec, tcfg: TrainConfig) -> bool:
+    """Whether the actor learns by REINFORCE (eq. 11's score function): always where there
+    are discrete actions (a space that mixes discrete and Box leaves learns by it for all its
+    actions, as the authors' current code does for every space), for Box-only spaces with
+    `continuous_grad=reinforce`; otherwise by backprop through the dynamics."""
+    return not spec.is_continuous or tcfg.continuous_grad == "reinforce"
+
+
 class Actor(nn.Module):
-    """π(a | s): factorised unimix categoricals for (Multi)Discrete actions, a Normal with
-    tanh mean and std in [min_std, max_std] for Box actions (model space [-1, 1])."""
+    """π(a | s): factorised unimix categoricals for discrete actions, a Normal with tanh mean
+    and std in [min_std, max_std] for Box actions (model space [-1, 1]); for a space with
+    both, their product (the one-hots lead the action, `ActionSpec.slices`).
+
+    Distribution parameters are a list: the log-probs of each categorical, then the Normal's
+    mean and std if there are Box actions."""
 
     def __init__(self, feat_dim: int, spec: ActionSpec, mcfg: ModelConfig):
         super().__init__()
@@ -91,49 +103,74 @@ class Actor(nn.Module):
         self.spec = spec
         self.unimix = mcfg.unimix
         self.min_std, self.max_std = mcfg.actor_min_std, mcfg.actor_max_std
-        out = spec.dim if spec.is_discrete else 2 * spec.dim
+        self.groups = list(spec.discrete or ())  # sizes of the categoricals
+        self.n_box = spec.dim - spec.n_discrete  # dimensions of the Normal
+        out = spec.n_discrete + 2 * self.n_box
         self.head = Head(feat_dim, dims["dense_units"], dims["dense_layers"], out)
 
-    def params(self, feat: torch.Tensor):
+    def params(self, feat: torch.Tensor) -> list[torch.Tensor]:
         x = fp32(self.head(feat))  # distribution parameters in fp32 (bf16 autocast)
-        if self.spec.is_discrete:
-            return [unimix_logits(p, self.unimix) for p in x.split(self.spec.discrete, -1)]
-        mean, std = x.chunk(2, -1)
-        std = (self.max_std - self.min_std) * torch.sigmoid(std + 2.0) + self.min_std
-        return torch.tanh(mean), std
+        sizes = self.groups + ([2 * self.n_box] if self.n_box else [])
+        parts = x.split(sizes, -1)
+        out = [unimix_logits(p, self.unimix) for p in parts[:len(self.groups)]]
+        if self.n_box:
+            mean, std = parts[-1].chunk(2, -1)
+            std = (self.max_std - self.min_std) * torch.sigmoid(std + 2.0) + self.min_std
+            out += [torch.tanh(mean), std]
+        return out
+
+    def _split(self, params):
+        """(categoricals' log-probs, (mean, std) or None)."""
+        k = len(self.groups)
+        return params[:k], (params[k:] if self.n_box else None)
+
+    @staticmethod
+    def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(parts, -1) if len(parts) > 1 else parts[0]
 
     def sample(self, params, noise: torch.Tensor | None = None) -> torch.Tensor:
         """A sample of π(a | s); `noise` (from `noise`) are its random numbers if drawn
-        beforehand: uniforms (N, groups, 1) for categoricals, normals (N, A) for a Normal."""
-        if self.spec.is_discrete:
-            return torch.cat([onehot_sample(lp, u=None if noise is None else noise[:, k])
-                              for k, lp in enumerate(params)], -1)
-        mean, std = params
-        noise = torch.randn_like(mean) if noise is None else noise
-        return mean + std * noise  # reparameterised
+        beforehand (`noise`'s layout)."""
+        cats, normal = self._split(params)
+        out = []
+        for k, lp in enumerate(cats):
+            u = None if noise is None else noise[:, k] if not self.n_box else noise[:, k:k + 1]
+            out.append(onehot_sample(lp, u=u))
+        if normal is not None:
+            mean, std = normal
+            eps = torch.randn_like(mean) if noise is None else noise[:, len(cats):]
+            out.append(mean + std * eps)  # reparameterised
+        return self._cat(out)
 
     def noise(self, *shape: int, device=None) -> torch.Tensor:
-        """The random numbers of `sample` for (*shape) rows, drawn in advance."""
-        if self.spec.is_discrete:
-            return torch.rand(*shape, len(self.spec.discrete), 1, device=device)
-        return torch.randn(*shape, self.spec.dim, device=device)
+        """The random numbers of `sample` for (*shape) rows, drawn in advance: uniforms
+        (*shape, groups, 1) for categoricals, normals (*shape, A) for a Normal, and for both
+        (*shape, groups + A), the uniforms first."""
+        g = len(self.groups)
+        if not self.n_box:
+            return torch.rand(*shape, g, 1, device=device)
+        eps = torch.randn(*shape, self.n_box, device=device)
+        return torch.cat([torch.rand(*shape, g, device=device), eps], -1) if g else eps
 
     def mode(self, params) -> torch.Tensor:
-        if self.spec.is_discrete:
-            return torch.cat([onehot_mode(lp) for lp in params], -1)
-        return params[0]
+        cats, normal = self._split(params)
+        return self._cat([onehot_mode(lp) for lp in cats] + ([normal[0]] if normal else []))
 
     def log_prob(self, params, action: torch.Tensor) -> torch.Tensor:
-        if self.spec.is_discrete:
-            parts = action.split(self.spec.discrete, -1)
-            return sum((lp * a).sum(-1) for lp, a in zip(params, parts))
-        mean, std = params
-        return _normal(mean, std).log_prob(action).sum(-1)
+        """log π(a | s): the sum over the categoricals and the Normal's dimensions."""
+        cats, normal = self._split(params)
+        parts = action.split(self.groups + ([self.n_box] if self.n_box else []), -1)
+        terms = [(lp * a).sum(-1) for lp, a in zip(cats, parts)]
+        if normal is not None:
+            terms.append(_normal(*normal).log_prob(parts[-1]).sum(-1))
+        return sum(terms[1:], terms[0])
 
     def entropy(self, params) -> torch.Tensor:
-        if self.spec.is_discrete:
-            return sum(categorical_entropy(lp) for lp in params)
-        return _normal(*params).entropy().sum(-1)
+        cats, normal = self._split(params)
+        terms = [categorical_entropy(lp) for lp in cats]
+        if normal is not None:
+            terms.append(_normal(*normal).entropy().sum(-1))
+        return sum(terms[1:], terms[0])
 
     @staticmethod
     def stack(params: list):
@@ -174,11 +211,11 @@ def actor_loss(actor: Actor, params, action: torch.Tensor, ret: torch.Tensor,
                value: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                tcfg: TrainConfig):
     """Eq. 11 over imagined steps 0..H-1 (`params` and `action` of those steps; `ret` (H, N);
-    `value` and `weight` (H+1, N)). REINFORCE with advantages (R - v) / max(1, S) for discrete
-    actions (and for continuous ones with continuous_grad='reinforce'); backprop of
-    (R - sg(v)) / max(1, S) through the dynamics for continuous actions. Entropy bonus."""
+    `value` and `weight` (H+1, N)). REINFORCE with advantages (R - v) / max(1, S) where
+    `uses_reinforce`; otherwise backprop of (R - sg(v)) / max(1, S) through the dynamics.
+    Entropy bonus."""
     adv = (ret - value[:-1].detach()) / scale
-    if actor.spec.is_discrete or tcfg.continuous_grad == "reinforce":
+    if uses_reinforce(actor.spec, tcfg):
         logp = actor.log_prob(params, action.detach())
         if logp.shape != adv.shape:  # a broadcast here would silently mix up steps
             raise ValueError(f"actor log-probs {tuple(logp.shape)} do not line up with the "

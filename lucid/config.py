@@ -120,8 +120,9 @@ class TrainConfig:
     return_norm_low: float = 5.0  # percentile
     return_norm_high: float = 95.0  # percentile
     return_norm_min_scale: float = 1.0  # the paper: max(1, S); RLlib uses 1e-8
-    # Continuous actions: "dynamics" backpropagates through the model (the 2023 paper);
-    # "reinforce" uses REINFORCE for them too (the 2025 paper).
+    # Box-only action spaces: "dynamics" backpropagates through the model (the 2023 paper);
+    # "reinforce" uses REINFORCE for them too (the 2025 paper). Spaces with discrete actions,
+    # mixed Dict/Tuple spaces included, always learn by REINFORCE.
     continuous_grad: str = "dynamics"
     # torch.compile the update's loops and nets (observe in chunks of 8 steps, the whole
     # imagination rollout, heads, encoder, decoder, actor and critic); same maths, compiled

@@ -75,7 +75,11 @@ DESCRIPTIONS: dict[str, str] = {
     "train.slow_critic_fraction": "EMA rate of the slow critic copy per update",
     "train.slow_critic_reg": "weight of the critic's regulariser towards the slow copy",
     "train.return_norm_decay": "EMA decay of the return percentiles",
-    "train.continuous_grad": "`dynamics` or `reinforce`",
+    "train.continuous_grad": "how an actor over Box actions only learns: `dynamics` "
+                             "(backprop through the world model, the 2023 paper) or "
+                             "`reinforce` (the 2025 paper); spaces with discrete actions, "
+                             "Dict/Tuple spaces of discrete and Box leaves too, always learn "
+                             "by REINFORCE",
     "train.compile": "`true` to compile (see above)",
     "run.seed": "seed of python, numpy and torch (envs and replay derive theirs from it)",
     "run.device": "`auto` (CUDA when torch sees a GPU, else CPU), `cpu`, `cuda` or `cuda:N`",

@@ -110,14 +110,17 @@ class WorldModel(nn.Module):
     skip_resets = True  # observe(): skip resets where no row starts (reads flags to the host)
 
     def __init__(self, spec: ObsSpec, action_dim: int, mcfg: ModelConfig,
-                 continuous: bool = False):
+                 box_from: int | None = None):
+        """`box_from`: where the action's Box (continuous) dimensions begin, after its one-hots;
+        None if it has none."""
         super().__init__()
         dims = mcfg.dims()
         self.dims = dims
         self.spec = spec
         self.action_dim = action_dim
         self.unimix = mcfg.unimix
-        self.action_clip = mcfg.action_clip if continuous else 0.0  # one-hots are within 1
+        self.action_clip = mcfg.action_clip if box_from is not None else 0.0
+        self.box_from = box_from or 0  # one-hots are within 1: only Box dims are clipped
         D, U = dims["gru_units"], dims["dense_units"]
         G, K = dims["latent_groups"], dims["latent_classes"]
         self.G, self.K, self.D = G, K, D
@@ -180,8 +183,10 @@ class WorldModel(nn.Module):
         actions enter scaled to at most `action_clip` per dimension (the scale carries no
         gradient): a sampled Normal action can lie beyond the env's bounds."""
         if self.action_clip > 0:
-            c = self.action_clip
-            action = action * (c / action.abs().clamp(min=c)).detach()
+            c, k = self.action_clip, self.box_from
+            box = action[..., k:]
+            box = box * (c / box.abs().clamp(min=c)).detach()
+            action = torch.cat([action[..., :k], box], -1) if k else box
         if not z.is_floating_point():
             return self.gru(self.seq_in(OneHotCat(action, z, self.K, at=0)), h)
         return self.gru(self.seq_in(torch.cat([z.flatten(-2), action], -1)), h)

@@ -21,6 +21,9 @@ from lucid.world_model import WorldModel
 VEC = ObsSpec(vectors={"vector": 4})
 DISCRETE = ActionSpec.from_space(gym.spaces.Discrete(2))
 BOX = ActionSpec.from_space(gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
+# a Discrete(3) and a two-dimensional Box: the model's action is [one-hot (3), Box (2)]
+MIXED = ActionSpec.from_space(gym.spaces.Tuple((gym.spaces.Discrete(3),
+                                                gym.spaces.Box(-1.0, 1.0, (2,), np.float32))))
 BINS = np.linspace(-20.0, 20.0, 255)
 
 
@@ -30,10 +33,10 @@ def cfg(size="nano", model=None, **train):
 
 def random_batch(act: ActionSpec, B=3, T=6, seed=0, obs_dim=4):
     g = torch.Generator().manual_seed(seed)
-    if act.is_discrete:
-        action = torch.eye(act.dim)[torch.randint(0, act.dim, (B, T), generator=g)]
-    else:
-        action = torch.rand(B, T, act.dim, generator=g) * 2 - 1
+    parts = [torch.eye(n)[torch.randint(0, n, (B, T), generator=g)] for n in act.discrete or ()]
+    if not act.is_discrete:
+        parts.append(torch.rand(B, T, act.dim - act.n_discrete, generator=g) * 2 - 1)
+    action = torch.cat(parts, -1)
     is_first = torch.zeros(B, T, dtype=torch.bool)
     is_first[:, 0] = True
     is_terminal = torch.rand(B, T, generator=g) < 0.2
@@ -457,6 +460,63 @@ def test_actor_loss_continuous_dynamics_by_hand():
     assert value.grad is None or value.grad.abs().max().item() == 0.0
 
 
+def test_actor_loss_mixed_space_is_reinforce_over_the_product_policy_by_hand():
+    """A space with discrete and Box leaves: log π is the categorical's plus the Normal's,
+    the entropy is their sum, and it learns by REINFORCE (as the authors' current code for
+    every space) even with continuous_grad=dynamics."""
+    actor, _ = _actor_critic(MIXED, 12)
+    H, N = 4, 3
+    feat = torch.randn(H + 1, N, 20)
+    action = torch.cat([torch.eye(3)[torch.randint(0, 3, (H, N))],
+                        torch.rand(H, N, 2) * 2.4 - 1.2], -1)
+    ret = (torch.randn(H, N) * 3).requires_grad_(True)
+    value = torch.randn(H + 1, N)
+    weight = torch.ones(H + 1, N)
+    weight[3:, 2] = 0.0
+    scale = torch.tensor(1.3)
+    tcfg = cfg("nano", entropy=0.2).train
+    assert tcfg.continuous_grad == "dynamics"
+    loss, met = actor_loss(actor, actor.params(feat[:-1]), action, ret, value, weight, scale,
+                           tcfg)
+    with torch.no_grad():
+        raw = t2n(actor.head(feat[:-1]))
+    assert raw.shape[-1] == 3 + 2 * 2  # logits, then the Normal's mean and std inputs
+    probs = 0.99 * np.exp(np_log_softmax(raw[..., :3])) + 0.01 / 3
+    mean = np.tanh(raw[..., 3:5])
+    std = (1.0 - 0.1) / (1 + np.exp(-(raw[..., 5:7] + 2.0))) + 0.1
+    a = t2n(action)
+    logp_cat = (np.log(probs) * a[..., :3]).sum(-1)
+    logp_box = (-0.5 * ((a[..., 3:] - mean) / std) ** 2 - np.log(std)
+                - 0.5 * np.log(2 * np.pi)).sum(-1)
+    ent = -(probs * np.log(probs)).sum(-1) + (0.5 * np.log(2 * np.pi * np.e * std ** 2)).sum(-1)
+    adv = (t2n(ret) - t2n(value[:-1])) / 1.3
+    hand = -(t2n(weight[:-1]) * ((logp_cat + logp_box) * adv + 0.2 * ent)).mean()
+    np.testing.assert_allclose(loss.item(), hand, rtol=1e-5)
+    np.testing.assert_allclose(met["actor/entropy"].item(), ent.mean(), rtol=1e-5)
+    loss.backward()
+    assert ret.grad is None  # REINFORCE: nothing flows into the returns
+
+
+def test_mixed_actor_samples_its_product_distribution():
+    """Samples drawn from `noise` (as imagination draws them) follow the categorical's
+    probabilities and the Normal's mean and std; the mode is the argmax and the mean."""
+    actor, _ = _actor_critic(MIXED, 13)
+    feat = torch.randn(1, 20).expand(40_000, 20)
+    with torch.no_grad():
+        params = actor.params(feat)
+        noise = actor.noise(40_000)
+        assert noise.shape == (40_000, 1 + 2)  # one uniform per categorical, then normals
+        a = actor.sample(params, noise)
+        mode = actor.mode(params)
+    probs = params[0][0].exp()
+    mean, std = params[1][0], params[2][0]
+    assert a.shape == (40_000, 5) and torch.all(a[:, :3].sum(-1) == 1)
+    torch.testing.assert_close(a[:, :3].mean(0), probs, atol=0.01, rtol=0)
+    torch.testing.assert_close(a[:, 3:].mean(0), mean, atol=0.02, rtol=0)
+    torch.testing.assert_close(a[:, 3:].std(0), std, atol=0.02, rtol=0)
+    assert mode[0, :3].argmax() == probs.argmax() and torch.equal(mode[0, 3:], mean)
+
+
 def test_update_slow_is_ema():
     _, critic = _actor_critic(DISCRETE, 11)
     with torch.no_grad():
@@ -513,7 +573,7 @@ def test_world_model_loss_grads_reach_only_world_model():
 
 
 @pytest.mark.parametrize("replay_value", [0.0, 0.3], ids=["2023", "replay-value"])
-@pytest.mark.parametrize("act", [DISCRETE, BOX], ids=["discrete", "box"])
+@pytest.mark.parametrize("act", [DISCRETE, BOX, MIXED], ids=["discrete", "box", "mixed"])
 def test_each_loss_reaches_only_its_component(act, replay_value):
     """Count the gradient accumulations into every parameter during one Agent.train: each
     world-model, actor and critic parameter must receive exactly one (from its own loss).
@@ -574,7 +634,7 @@ def test_reinforce_loss_sees_the_distributions_that_chose_the_actions(monkeypatc
         assert torch.isfinite(chosen).all() and (chosen <= 0).all()
 
 
-@pytest.mark.parametrize("act", [DISCRETE, BOX], ids=["discrete", "box"])
+@pytest.mark.parametrize("act", [DISCRETE, BOX, MIXED], ids=["discrete", "box", "mixed"])
 @pytest.mark.parametrize("trained", ["wm", "actor", "critic"])
 def test_agent_train_changes_only_the_component_with_nonzero_lr(act, trained):
     lrs = {"model_lr": 0.0, "actor_lr": 0.0, "critic_lr": 0.0}
@@ -829,3 +889,14 @@ def test_continuous_actions_enter_the_rssm_clipped_with_the_gradient_scaled():
     off = Agent(VEC, BOX, cfg(model={"action_clip": 0.0})).wm
     off.load_state_dict(wm.state_dict())
     assert not torch.allclose(off.sequence(h, z, a), out)  # 0 turns it off
+
+
+def test_only_the_box_part_of_a_mixed_action_enters_the_rssm_clipped():
+    torch.manual_seed(0)
+    wm = Agent(VEC, MIXED, cfg(model={"action_clip": 0.5})).wm
+    h, z = torch.randn(2, wm.D), torch.eye(wm.K)[torch.randint(0, wm.K, (2, wm.G))]
+    a = torch.tensor([[0.0, 1.0, 0.0, 3.0, -0.25], [1.0, 0.0, 0.0, -1.0, 0.5]])
+    # by hand: the one-hots as they are, the Box part scaled to at most 0.5 per dimension
+    inside = torch.tensor([[0.0, 1.0, 0.0, 0.5, -0.25], [1.0, 0.0, 0.0, -0.5, 0.5]])
+    want = wm.gru(wm.seq_in(torch.cat([z.flatten(-2), inside], -1)), h)
+    torch.testing.assert_close(wm.sequence(h, z, a), want)

@@ -308,13 +308,34 @@ def test_dict_and_tuple_action_spaces_map_leaf_by_leaf(kind):
     assert all(space.contains(act.item(back, i)) for i in range(16))
 
 
-def test_an_action_space_mixing_discrete_and_box_is_refused_with_what_to_do():
-    space = gym.spaces.Dict({"a": gym.spaces.Discrete(2), "b": gym.spaces.Box(0, 1, (1,))})
-    with pytest.raises(TypeError, match=r"mixes discrete and Box actions.*MultiDiscrete"):
-        ActionSpec.from_space(space)
+def test_an_action_space_mixing_discrete_and_box_puts_the_one_hots_first():
+    """Leaves in order gear (Discrete(3, start=1)), steer (Box(-2, 2, (2,))), turbo
+    (MultiBinary(1)): the model's action is [gear's one-hot, turbo's, steer rescaled]."""
+    from envs_for_tests import DICT_ACTIONS
+    space = DICT_ACTIONS["mixed"]()
+    act = ActionSpec.from_space(space)
+    assert act.discrete == [3, 2] and act.n_discrete == 5 and act.dim == 7
+    assert not act.is_discrete and not act.is_continuous
+    assert act.slices() == [slice(0, 3), slice(5, 7), slice(3, 5)]
+    batch_space = gym.vector.utils.batch_space(space, 16)
+    batch_space.seed(1)
+    batch = batch_space.sample()
+    model = act.from_env(batch)
+    assert model.shape == (16, 7)
+    np.testing.assert_array_equal(model[:, 0:3].argmax(-1) + 1, batch["gear"])
+    np.testing.assert_array_equal(model[:, 0:3].sum(-1), 1)
+    np.testing.assert_array_equal(model[:, 3:5].argmax(-1), batch["turbo"][:, 0])
+    np.testing.assert_allclose(model[:, 5:7], batch["steer"] / 2, atol=1e-6)
+    back = act.to_env(model)
+    for path, _ in act.parts:
+        np.testing.assert_allclose(act._get(back, path), act._get(batch, path), atol=1e-6)
+    assert all(space.contains(act.item(back, i)) for i in range(16))
+    # a Normal sample beyond [-1, 1] reaches the env clipped to the Box's bounds
+    model[:, 5:7] = [3.0, -5.0]
+    assert np.all(act.to_env(model)["steer"] == [2.0, -2.0])
 
 
-@pytest.mark.parametrize("kind", ["discrete", "box"])
+@pytest.mark.parametrize("kind", ["discrete", "box", "mixed"])
 def test_a_custom_env_with_dict_actions_trains_acts_and_evaluates(tmp_path, kind):
     from lucid import Dreamer
     from envs_for_tests import DictActionEnv

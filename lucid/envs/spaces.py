@@ -19,8 +19,7 @@ from ..warn import warn
 
 SUPPORTED_OBS = ("Box (vectors of any shape, images H x W x C), Discrete, MultiDiscrete, "
                  "MultiBinary, and Dict and Tuple spaces of these")
-SUPPORTED_ACT = ("Discrete, MultiDiscrete, MultiBinary or Box, and Dict and Tuple spaces of these "
-                 "(all discrete, or all Box)")
+SUPPORTED_ACT = "Discrete, MultiDiscrete, MultiBinary or Box, and Dict and Tuple spaces of these"
 LEAVES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 
 
@@ -291,25 +290,30 @@ class ActionSpec:
 
     @classmethod
     def _structured(cls, space: gym.Space) -> "ActionSpec":
-        """A Dict/Tuple action space: the model's action is its leaves' actions side by side
-        (leaf order), all categorical sub-actions or all one Normal, as for a flat space."""
+        """A Dict/Tuple action space: the model's action is its leaves' actions side by side,
+        the discrete leaves' one-hots first, then the Box leaves' dimensions, each in leaf
+        order (`slices`): categoricals and one Normal, as for flat spaces of each kind."""
         parts = [(path, cls.from_space(leaf, "/".join(map(str, path))))
                  for path, leaf in _leaves(space)]
         if not parts:
             raise TypeError(f"the action space {space} has no actions in it")
-        kinds = {part.is_discrete for _, part in parts}
-        if len(kinds) > 1:
-            raise TypeError(
-                f"the action space {space} mixes discrete and Box actions; lucid's actor has "
-                f"one kind of output (categoricals, or one Normal), as the paper's: make the "
-                f"Box part discrete (a few levels per dimension as a MultiDiscrete) or the "
-                f"discrete part continuous (a Box the env rounds or takes the argmax of)")
-        if kinds == {True}:
-            return cls(discrete=[n for _, part in parts for n in part.discrete],
-                       space=space, parts=parts)
-        return cls(low=np.concatenate([part.low for _, part in parts]),
-                   high=np.concatenate([part.high for _, part in parts]),
+        disc = [part for _, part in parts if part.is_discrete]
+        box = [part for _, part in parts if not part.is_discrete]
+        return cls(discrete=[n for part in disc for n in part.discrete] if disc else None,
+                   low=np.concatenate([part.low for part in box]) if box else None,
+                   high=np.concatenate([part.high for part in box]) if box else None,
                    space=space, parts=parts)
+
+    def slices(self) -> list[slice]:
+        """Where each of `parts` lies in the model's action: discrete leaves first, then Box
+        leaves, each kind in leaf order."""
+        first = [0, self.n_discrete]  # the next free index of each kind
+        out = []
+        for _, part in self.parts:
+            k = 0 if part.is_discrete else 1
+            out.append(slice(first[k], first[k] + part.dim))
+            first[k] += part.dim
+        return out
 
     def _assemble(self, leaf_of) -> Any:
         """The Dict/Tuple structure of `space` with `leaf_of(path)` at each leaf."""
@@ -335,19 +339,29 @@ class ActionSpec:
 
     @property
     def is_discrete(self) -> bool:
-        return self.discrete is not None
+        """Only categorical actions (no Box leaf)."""
+        return self.low is None
+
+    @property
+    def is_continuous(self) -> bool:
+        """Only Box actions (no discrete leaf)."""
+        return self.discrete is None
+
+    @property
+    def n_discrete(self) -> int:
+        """Width of the one-hot block, which leads the model's action."""
+        return sum(self.discrete) if self.discrete else 0
 
     @property
     def dim(self) -> int:
-        return sum(self.discrete) if self.discrete else int(self.low.size)
+        return self.n_discrete + (int(self.low.size) if self.low is not None else 0)
 
     def to_env(self, action: np.ndarray):
         """Model-space actions (N, dim) -> a batch of env actions (for a Dict/Tuple space,
         its structure with a batch at each leaf, as gymnasium's vector envs take)."""
         if self.parts:
-            ends = np.cumsum([part.dim for _, part in self.parts])
-            leaves = {path: part.to_env(action[:, end - part.dim:end])
-                      for (path, part), end in zip(self.parts, ends)}
+            leaves = {path: part.to_env(action[:, where])
+                      for (path, part), where in zip(self.parts, self.slices())}
             return self._assemble(leaves.__getitem__)
         if self.discrete:
             parts, i = [], 0
@@ -372,8 +386,11 @@ class ActionSpec:
     def from_env(self, action) -> np.ndarray:
         """A batch of env actions -> model space (N, dim)."""
         if self.parts:
-            return np.concatenate([part.from_env(self._get(action, path))
-                                   for path, part in self.parts], -1)
+            leaves = [part.from_env(self._get(action, path)) for path, part in self.parts]
+            out = np.empty((len(leaves[0]), self.dim), np.float32)
+            for leaf, where in zip(leaves, self.slices()):
+                out[:, where] = leaf
+            return out
         a = np.asarray(action)
         n = a.shape[0]
         if self.discrete:
