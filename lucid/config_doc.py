@@ -33,7 +33,8 @@ DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 # that no entry here names a field that does not exist.
 DESCRIPTIONS: dict[str, str] = {
     "env.id": "gymnasium id, suite name (`atari:Pong`, `dmc:walker-walk`, ...; "
-              "docs/environments.md) or `module.path:EnvClass` / `module.path:make_fn`",
+              "docs/environments.md), `module.path:EnvClass` / `module.path:make_fn`, or "
+              "`path/to/file.py:EnvClass` (saved with the file's absolute path)",
     "env.num_envs": "environments stepped in parallel (one gymnasium vector env)",
     "env.kwargs": "keyword arguments given to the env (see above), e.g. `env.kwargs.gray=true`",
     "model.size": "row of the size table below",

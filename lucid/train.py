@@ -26,7 +26,8 @@ import yaml
 from . import checkpoint as ckpt
 from .agent import Agent
 from .config import Config, ConfigError, as_dict, flatten, from_yaml, make_config, to_yaml
-from .envs import INSTANCE_PREFIX, ActionSpec, ObsSpec, env_fn, env_label, make_env
+from .envs import (INSTANCE_PREFIX, ActionSpec, ObsSpec, env_fn, env_label, make_env,
+                   resolve_env_id)
 from .envs.crafter import AchievementTracker
 from .logger import Logger
 from .replay import Prefetcher, Replay
@@ -301,6 +302,7 @@ class Trainer:
             saved.run.steps = max(saved.run.steps, cfg.run.steps) if cfg.run.steps else saved.run.steps
             load_here(saved, cfg.run.device)
             cfg = saved
+        cfg.env.id = resolve_env_id(cfg.env.id)  # path/to/file.py:Env from any directory
         self.cfg = cfg
         self.device = self.dist.device if self.dist else resolve_device(cfg.run.device)
         self.obs_spec, self.act_spec = spaces_of(cfg)  # a bad env fails before any file is written

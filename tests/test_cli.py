@@ -1,4 +1,5 @@
 import json
+import sys
 
 import torch
 import yaml
@@ -198,3 +199,64 @@ def test_lucids_warnings_are_once_per_message_at_the_users_line_and_plain_in_the
         warn("a lucid warning")
         warnings.warn("someone else's", UserWarning)  # shown as Python shows it
     assert lines == ["warning: a lucid warning"]
+
+
+ENV_FILE = '''
+import gymnasium as gym
+import numpy as np
+
+from lucid_test_helper import LENGTH  # a module next to this file
+
+
+class Bandit(gym.Env):
+    observation_space = gym.spaces.Box(0, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(2, np.float32), float(action), False, self.t >= LENGTH, {}
+'''
+
+
+def test_an_env_in_a_python_file_trains_and_evaluates_from_any_directory(tmp_path, monkeypatch):
+    """`lucid train path/to/file.py:Env`: the file's siblings import (its directory joins
+    the import path), the run keeps the file's absolute path, so `lucid eval` works from
+    another directory; the run directory is named after the file, not the whole path."""
+    proj, elsewhere = tmp_path / "proj", tmp_path / "elsewhere"
+    proj.mkdir(), elsewhere.mkdir()
+    (proj / "my_bandit.py").write_text(ENV_FILE)
+    (proj / "lucid_test_helper.py").write_text("LENGTH = 5\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the file's directory joins it
+    monkeypatch.chdir(tmp_path)
+    try:
+        _train_and_evaluate_a_file_env(tmp_path, proj, elsewhere, monkeypatch)
+    finally:
+        for name in [m for m in sys.modules
+                     if m == "lucid_test_helper" or m.startswith("_lucid_env_my_bandit")]:
+            del sys.modules[name]
+
+
+def _train_and_evaluate_a_file_env(tmp_path, proj, elsewhere, monkeypatch):
+    r = runner.invoke(app, ["train", "proj/my_bandit.py:Bandit", "--size", "nano", "--steps",
+                            "40", "--device", "cpu", "train.prefill=16", "train.batch_size=2",
+                            "train.batch_length=8", "train.train_ratio=8", "run.videos=false",
+                            "run.progress=false"])
+    assert r.exit_code == 0, r.output
+    [run_dir] = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("my_bandit.py-Bandit-")
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["env"]["id"] == f"{proj / 'my_bandit.py'}:Bandit"
+    monkeypatch.chdir(elsewhere)
+    r = runner.invoke(app, ["eval", str(run_dir), "--episodes", "2"])
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.output.strip().splitlines()[-1])
+    assert result["episodes"] == 2 and all(0 <= x <= 5 for x in result["returns"])
+    r = runner.invoke(app, ["train", "proj/no_such.py:Bandit", "--size", "nano", "--steps", "0",
+                            "--device", "cpu"])
+    assert r.exit_code != 0 and "there is no file" in r.output
+    assert str(elsewhere / "proj" / "no_such.py") in r.output

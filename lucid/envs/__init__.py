@@ -11,6 +11,7 @@
     envpool:Pong-v5                 envpool's C++ envs (Atari with the paper's settings)
     module.path:EnvClass            your own env class, or
     module.path:make_fn             a function returning a gymnasium.Env
+    path/to/file.py:EnvClass        the same from a Python file (kept as an absolute path)
 
 Suite options go as keyword arguments: `make_env("atari:Pong", gray=True, sticky=0.0)`.
 A suite whose optional package is missing raises `MissingExtraError` naming the pip extra.
@@ -21,10 +22,13 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import gymnasium as gym
@@ -143,7 +147,48 @@ def default_preset(env_id: str) -> str:
 
 # --------------------------------------------------------------------------- user envs
 
+def _file_id(env_id: str) -> tuple[str, str] | None:
+    """(path, attribute) of a `path/to/file.py:Attr` id; None for any other id."""
+    path, sep, attr = env_id.rpartition(":")
+    return (path, attr) if sep and path.endswith(".py") else None
+
+
+def resolve_env_id(env_id: str) -> str:
+    """A `file.py:Attr` id with the file's path made absolute, so that the run resumes,
+    evaluates and records from any directory; any other id as it is."""
+    found = _file_id(env_id)
+    if found is None:
+        return env_id
+    path, attr = found
+    return f"{Path(path).expanduser().resolve()}:{attr}"
+
+
+def _import_file(path: str):
+    """The module of a Python file, imported once per process under a name of its own; its
+    directory joins the import path (as for `python file.py`), for the modules next to it."""
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise ModuleNotFoundError(f"there is no file {file}")
+    name = f"_lucid_env_{file.stem}_{hashlib.sha1(str(file).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    if str(file.parent) not in sys.path:
+        sys.path.insert(0, str(file.parent))
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
 def _import_attr(spec: str):
+    found = _file_id(spec)
+    if found is not None:
+        return getattr(_import_file(found[0]), found[1])
     module, _, name = spec.partition(":")
     try:
         mod = importlib.import_module(module)
@@ -170,6 +215,9 @@ def env_label(env_id: str) -> str:
     class's name, any other env by its id."""
     if env_id.startswith(INSTANCE_PREFIX):
         return env_id[len(INSTANCE_PREFIX):].partition("_")[2] or env_id
+    found = _file_id(env_id)
+    if found is not None:  # my_env.py:MyEnv, not the whole absolute path
+        return f"{Path(found[0]).name}:{found[1]}"
     return env_id
 
 
@@ -186,12 +234,14 @@ def _user_env(spec: str, **kwargs) -> gym.Env:
                 f"which no other process can rebuild; load it with "
                 f"Dreamer.load(path, env={cls}(...))") from None
         suites = ", ".join(f"{p}:" for p in SUITES)
-        if isinstance(exc, ModuleNotFoundError):
+        if isinstance(exc, ModuleNotFoundError) and _file_id(spec) is None:
             exc = f"{exc} (modules are imported from the current directory and PYTHONPATH: " \
-                  f"run from the directory that holds it, or add that to PYTHONPATH)"
+                  f"run from the directory that holds it, add that to PYTHONPATH, or name " \
+                  f"the file: path/to/file.py:EnvClass)"
         raise UnknownEnvError(f"cannot load environment {spec!r}: {exc}; use "
-                              f"`module.path:EnvClass` or `module.path:make_fn`, or a suite "
-                              f"prefix ({suites})") from None
+                              f"`module.path:EnvClass`, `module.path:make_fn` or "
+                              f"`path/to/file.py:EnvClass`, or a suite prefix ({suites})"
+                              ) from None
     if not callable(obj):
         raise UnknownEnvError(f"{spec!r} is a {type(obj).__name__}, not an env class or a "
                               f"function that returns an env")
