@@ -468,6 +468,12 @@ class Trainer:
             print(f"note: run.steps={cfg.run.steps} ends within the {t.prefill} random-action "
                   f"steps of train.prefill, so no update will be made; raise --steps or lower "
                   f"train.prefill")
+        a = self.act_spec
+        if (c["env_steps"] == 0 and self.rank == 0 and not a.is_discrete and not a.is_continuous
+                and t.continuous_grad == "dynamics"):
+            print("note: the action space has discrete and Box actions, so the actor learns "
+                  "all of them by REINFORCE, as the authors' current code does "
+                  "(train.continuous_grad=dynamics applies to Box-only spaces)")
         self._stop, self.signalled = False, None
         logger = Logger(self.run_dir, progress=cfg.run.progress, total_steps=cfg.run.steps,
                         start_steps=c["env_steps"], config=cfg,

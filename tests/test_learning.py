@@ -30,7 +30,7 @@ def test_cpu_preset_learns_cartpole(tmp_path):
         f"{trainer.counters['env_steps']} env steps; returns {returns[-30:]}")
 
 
-def test_an_action_space_of_discrete_and_box_leaves_learns_both(tmp_path):
+def test_an_action_space_of_discrete_and_box_leaves_learns_both(tmp_path, capsys):
     """envs_for_tests.GearSteerEnv: 10-step episodes, reward 1[gear == 2] + 1 - |steer - 0.5|
     per step. The random policy gets ~7.1 per episode, the best policy 20, one leaf learned
     alone at most 13.75: the bar of 15 (mean of the last 10 episodes) needs both. The reward
@@ -46,6 +46,7 @@ def test_an_action_space_of_discrete_and_box_leaves_learns_both(tmp_path):
     trainer = Trainer(cfg)
     assert not trainer.act_spec.is_discrete and not trainer.act_spec.is_continuous
     trainer.run()
+    assert "the actor learns all of them by REINFORCE" in capsys.readouterr().out
     returns = [json.loads(line)["return"] for line in open(tmp_path / "episodes.jsonl")]
     last10 = sum(returns[-10:]) / 10
     assert last10 >= 15.0, (
