@@ -120,6 +120,20 @@ def test_box_actions_stay_inside_half_open_and_degenerate_bounds():
     model = act.from_env(np.array([[0.5, 1.0, 2.0]]))
     assert np.all(np.isfinite(model))  # low == high: 0, not 0/0
     np.testing.assert_allclose(model, [[0.5, 0.0, 0.0]])
+    assert env.dtype == np.float64  # the space's dtype
+
+
+def test_box_actions_take_the_spaces_dtype_and_integer_boxes_the_nearest_integer():
+    """A float16 Box gets float16 actions, an integer Box the nearest integers within its
+    bounds (by hand: -1 + (a + 1) / 2 * 4 for Box(-1, 3))."""
+    model = np.array([[-1.0, 0.1], [0.3, 1.7], [-0.2, -0.9]], np.float32)
+    ints = gym.spaces.Box(-1, 3, (2,), np.int8)
+    env = ActionSpec.from_space(ints).to_env(model)
+    assert env.dtype == np.int8 and all(ints.contains(a) for a in env)
+    np.testing.assert_array_equal(env, [[-1, 1], [2, 3], [1, -1]])  # 1.2, 1.6, 0.6, -0.8
+    halves = gym.spaces.Box(-1, 1, (2,), np.float16)
+    env = ActionSpec.from_space(halves).to_env(model)
+    assert env.dtype == np.float16 and all(halves.contains(a) for a in env)
 
 
 def test_image_like_spaces_in_another_layout_are_refused_with_the_wrapper_to_use():

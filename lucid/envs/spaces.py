@@ -257,7 +257,8 @@ class ActionSpec:
     high: np.ndarray | None = None
     shape: tuple[int, ...] = ()
     start: np.ndarray | None = None  # first index of each categorical sub-action (start=)
-    dtype: np.dtype | None = None  # of the env's actions, where not the default (MultiBinary)
+    dtype: np.dtype | None = None  # of the env's actions where not the default (int64 for
+    # (Multi)Discrete, float32 for Box): MultiBinary's, a float64 or integer Box's
     space: gym.Space | None = None  # a Dict or Tuple action space, whose leaves are `parts`
     parts: list[tuple[tuple, "ActionSpec"]] = field(default_factory=list)  # (path, leaf spec)
 
@@ -285,7 +286,8 @@ class ActionSpec:
                      f"{open_dims.tolist()}: lucid's actions there lie in [-1, 1] (within the "
                      f"bounds); give it finite bounds, or rescale with "
                      f"gymnasium.wrappers.RescaleAction")
-            return cls(low=low, high=high, shape=tuple(space.shape))
+            return cls(low=low, high=high, shape=tuple(space.shape),
+                       dtype=None if space.dtype == np.float32 else space.dtype)
         raise TypeError(f"unsupported {name}; lucid supports {SUPPORTED_ACT}")
 
     @classmethod
@@ -381,7 +383,12 @@ class ActionSpec:
         with np.errstate(invalid="ignore"):  # inf bounds: the branch np.where drops
             scaled = np.where(finite, self.low + (a + 1.0) / 2.0 * (self.high - self.low), a)
         scaled = np.clip(scaled, self.low, self.high)  # half-open bounds: stay inside
-        return scaled.reshape(len(action), *self.shape).astype(np.float32)
+        scaled = scaled.reshape(len(action), *self.shape)
+        if self.dtype is None:
+            return scaled.astype(np.float32)
+        if np.issubdtype(self.dtype, np.integer):  # an integer Box: the nearest integer
+            scaled = np.rint(scaled)
+        return scaled.astype(self.dtype)
 
     def from_env(self, action) -> np.ndarray:
         """A batch of env actions -> model space (N, dim)."""
