@@ -74,7 +74,7 @@ def _not_applied_on_resume(env: str, overrides: List[str], **options) -> List[st
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def train(
     ctx: typer.Context,
-    env: str = typer.Argument(DEFAULT_ENV, help="gymnasium id, a suite name (atari:Pong, atari100k:Pong, dmc:walker-walk, dmc-vision:walker-walk, crafter, minigrid:DoorKey-5x5, memory-maze:9x9, envpool:Pong-v5) or module.path:EnvClass"),
+    env: str = typer.Argument(DEFAULT_ENV, help="gymnasium id, a suite name (atari:Pong, atari100k:Pong, dmc:walker-walk, dmc-vision:walker-walk, crafter, minigrid:DoorKey-5x5, memory-maze:9x9, envpool:Pong-v5), module.path:EnvClass or path/to/file.py:EnvClass"),
     preset: Optional[str] = typer.Option(None, help=f"one of: {', '.join(PRESETS)}"),
     size: Optional[str] = typer.Option(None, help=f"model size: {', '.join(SIZES)}"),
     steps: Optional[int] = typer.Option(None, help="environment steps to train for"),

@@ -26,8 +26,8 @@ import yaml
 from . import checkpoint as ckpt
 from .agent import Agent
 from .config import Config, ConfigError, as_dict, flatten, from_yaml, make_config, to_yaml
-from .envs import (INSTANCE_PREFIX, ActionSpec, ObsSpec, env_fn, env_label, make_env,
-                   resolve_env_id)
+from .envs import (INSTANCE_PREFIX, ActionSpec, ObsSpec, env_fn, env_label, is_file_id,
+                   make_env, resolve_env_id)
 from .envs.crafter import AchievementTracker
 from .logger import Logger
 from .replay import Prefetcher, Replay
@@ -86,6 +86,9 @@ def check_resumable(saved: Config, cfg: Config, where: Path) -> None:
     old, new = flatten(as_dict(saved)), flatten(as_dict(cfg))
     if all(c["env.id"].startswith(INSTANCE_PREFIX) for c in (old, new)):
         del old["env.id"], new["env.id"]  # an instance's name does not outlive its process
+    elif all(is_file_id(c["env.id"]) for c in (old, new)) \
+            and env_label(old["env.id"]) == env_label(new["env.id"]):
+        del old["env.id"], new["env.id"]  # file.py:Env moved with its project
     changed = [f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} in config.yaml"
                for k in sorted(set(old) | set(new))
                if k.startswith(_FIXED_ON_RESUME) and old.get(k) != new.get(k)]

@@ -256,6 +256,16 @@ def _train_and_evaluate_a_file_env(tmp_path, proj, elsewhere, monkeypatch):
     assert r.exit_code == 0, r.output
     result = json.loads(r.output.strip().splitlines()[-1])
     assert result["episodes"] == 2 and all(0 <= x <= 5 for x in result["returns"])
+    # The project moves: the error says where to give the new path, and the run resumes
+    moved = tmp_path / "moved"
+    proj.rename(moved)
+    r = runner.invoke(app, ["eval", str(run_dir), "--episodes", "1"])
+    assert r.exit_code != 0 and "if it moved" in r.output and "config.yaml" in r.output
+    config = run_dir / "config.yaml"
+    config.write_text(config.read_text().replace(str(proj), str(moved)))
+    r = runner.invoke(app, ["train", "--resume", str(run_dir), "--steps", "48"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output.strip().splitlines()[-1].removeprefix("done: "))["env_steps"] == 48
     r = runner.invoke(app, ["train", "proj/no_such.py:Bandit", "--size", "nano", "--steps", "0",
                             "--device", "cpu"])
     assert r.exit_code != 0 and "there is no file" in r.output

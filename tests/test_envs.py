@@ -624,3 +624,20 @@ def test_custom_env_trains_through_the_python_api(tmp_path, monkeypatch):
     action, _ = agent.predict(obs, deterministic=True)
     assert env.action_space.contains(np.asarray(action, np.int64))
     agent.trainer.close()
+
+
+def test_an_env_file_with_dots_in_its_name_pickles_and_a_missing_class_is_named(tmp_path,
+                                                                               monkeypatch):
+    """The file is imported under a module name pickle can import again (`my.env.py` has
+    dots); a class the file lacks is named with the file, not the internal module name."""
+    import pickle
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the file's directory joins it
+    (tmp_path / "my.env.py").write_text(
+        "import gymnasium as gym\n"
+        "class Still(gym.Env):\n"
+        "    observation_space = gym.spaces.Box(0, 1, (1,))\n"
+        "    action_space = gym.spaces.Discrete(2)\n")
+    env = make_env(f"{tmp_path}/my.env.py:Still")
+    assert type(pickle.loads(pickle.dumps(env))).__name__ == "Still"
+    with pytest.raises(UnknownEnvError, match=r"my\.env\.py defines no 'Stil'"):
+        make_env(f"{tmp_path}/my.env.py:Stil")

@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -153,6 +154,11 @@ def _file_id(env_id: str) -> tuple[str, str] | None:
     return (path, attr) if sep and path.endswith(".py") else None
 
 
+def is_file_id(env_id: str) -> bool:
+    """Whether `env_id` names an env by its Python file (`path/to/file.py:Attr`)."""
+    return _file_id(env_id) is not None
+
+
 def resolve_env_id(env_id: str) -> str:
     """A `file.py:Attr` id with the file's path made absolute, so that the run resumes,
     evaluates and records from any directory; any other id as it is."""
@@ -168,12 +174,16 @@ def _import_file(path: str):
     directory joins the import path (as for `python file.py`), for the modules next to it."""
     file = Path(path).expanduser().resolve()
     if not file.is_file():
-        raise ModuleNotFoundError(f"there is no file {file}")
-    name = f"_lucid_env_{file.stem}_{hashlib.sha1(str(file).encode()).hexdigest()[:8]}"
+        raise ModuleNotFoundError(f"there is no file {file} (if it moved, give its new path; "
+                                  f"for a run, as env.id in the run's config.yaml)")
+    stem = re.sub(r"\W", "_", file.stem)  # a module name pickle can import again
+    name = f"_lucid_env_{stem}_{hashlib.sha1(str(file).encode()).hexdigest()[:8]}"
     if name in sys.modules:
         return sys.modules[name]
-    if str(file.parent) not in sys.path:
-        sys.path.insert(0, str(file.parent))
+    folder = str(file.parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -181,6 +191,8 @@ def _import_file(path: str):
         spec.loader.exec_module(module)
     except BaseException:
         del sys.modules[name]
+        if added:
+            sys.path.remove(folder)
         raise
     return module
 
@@ -188,7 +200,11 @@ def _import_file(path: str):
 def _import_attr(spec: str):
     found = _file_id(spec)
     if found is not None:
-        return getattr(_import_file(found[0]), found[1])
+        path, attr = found
+        module = _import_file(path)
+        if not hasattr(module, attr):
+            raise AttributeError(f"{module.__file__} defines no {attr!r}")
+        return getattr(module, attr)
     module, _, name = spec.partition(":")
     try:
         mod = importlib.import_module(module)
