@@ -1,4 +1,5 @@
 import re
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -80,6 +81,21 @@ def test_float_images_in_0_1_become_pixels_and_other_float_images_are_refused():
         assert "[-inf, inf]" in str(exc) and "FlattenObservation" in str(exc)
     else:
         raise AssertionError("an unbounded float image was accepted (it would be clipped)")
+
+
+def test_float_images_outside_their_bounds_are_clipped_with_a_warning():
+    """A Box(0, 1) image whose env gives 0..255 floats would train on white frames: said
+    once, with the bounds to declare; values within rounding of the bounds are fine."""
+    from lucid import LucidWarning
+    spec = ObsSpec.from_space(gym.spaces.Box(0.0, 1.0, (16, 16, 3), np.float32))
+    x = np.random.default_rng(1).random((16, 16, 3), dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec.convert(np.clip(x + 0.001, 0, 1.001))  # within rounding: silent
+    with pytest.warns(LucidWarning, match=r"observation has values outside its space's "
+                                          r"bounds \[0, 1\].*Box\(0, 255\)"):
+        got = spec.convert(x * 255)["image"]
+    np.testing.assert_array_equal(got, np.rint(np.clip(x * 255 * 255, 0, 255)))  # clipped
 
 
 def test_discrete_spaces_with_a_start_keep_their_offsets():

@@ -220,7 +220,14 @@ class ObsSpec:
                 if x.dtype != np.uint8:
                     if not np.all(np.isfinite(x)):
                         raise ValueError(f"{self._what(key)} contains NaN or Inf")
-                    x = np.rint(np.clip(x * self.image_scale.get(key, 1.0), 0, 255)).astype(np.uint8)
+                    scale = self.image_scale.get(key, 1.0)
+                    x = x * scale
+                    if x.size and (x.min() < -0.5 or x.max() > 255.5):  # beyond rounding
+                        warn(f"{self._what(key)} has values outside its space's bounds "
+                             f"[0, {255 / scale:g}], which are clipped into them: declare the "
+                             f"bounds the env's images have (Box(0, 255) for floats in 0..255, "
+                             f"Box(0, 1) for floats in 0..1)")
+                    x = np.rint(np.clip(x, 0, 255)).astype(np.uint8)
             elif key in self.discrete:
                 nvec = self.discrete[key]
                 if x.shape != (*batch_shape, *self.shape(key)):
