@@ -401,6 +401,8 @@ _OFFSETS: dict[tuple, torch.Tensor] = {}
 
 def _offsets(groups: int, classes: int, device: torch.device) -> torch.Tensor:
     """First row of each group's block in the (G*K, units) weight table: 0, K, 2K, ..."""
+    if torch.compiler.is_compiling():  # a constant of the graph; a lookup in the cache would
+        return torch.arange(0, groups * classes, classes, device=device)  # guard on it
     key = (groups, classes, device)
     if key not in _OFFSETS:
         _OFFSETS[key] = torch.arange(0, groups * classes, classes, device=device)
