@@ -146,6 +146,8 @@ DICT_ACTIONS = {
     "mixed": lambda: gym.spaces.Dict({
         "gear": gym.spaces.Discrete(3, start=1), "steer": gym.spaces.Box(-2, 2, (2,), np.float32),
         "turbo": gym.spaces.MultiBinary(1)}),
+    "gear_steer": lambda: gym.spaces.Dict({"gear": gym.spaces.Discrete(3),
+                                           "steer": gym.spaces.Box(-1, 1, (1,), np.float32)}),
 }
 
 
@@ -172,22 +174,14 @@ class DictActionEnv(gym.Env):
         return np.array([self.t], np.float32), float(first), self.t >= 10, False, {}
 
 
-class GearSteerEnv(gym.Env):
+class GearSteerEnv(DictActionEnv):
     """A bandit with a Dict action of a Discrete and a Box leaf, to learn both: reward per
     step 1[gear == 2] + 1 - |steer - 0.5|, at most 2. The random policy gets ~0.71 (1/3 +
     0.375); one leaf learned alone at most 1.375 (gear; 1.33 steer). Observation: the step
-    counter; 10-step episodes."""
+    counter; 10-step episodes, ended by truncation."""
 
     def __init__(self):
-        self.action_space = gym.spaces.Dict({"gear": gym.spaces.Discrete(3),
-                                             "steer": gym.spaces.Box(-1, 1, (1,), np.float32)})
-        self.observation_space = gym.spaces.Box(0, 10, (1,), np.float32)
-        self.t = 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(1, np.float32), {}
+        super().__init__("gear_steer")
 
     def step(self, action):
         self.t += 1
