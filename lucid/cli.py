@@ -211,6 +211,24 @@ def config_cmd(args: List[str] = typer.Argument(None, help="[ENV] section.key=va
         _fail(exc)
 
 
+@app.command("check")
+def check_cmd(env: str = typer.Argument(..., help="an env as `lucid train` takes it"),
+              overrides: List[str] = typer.Argument(None, help="section.key=value, e.g. "
+                                                    "env.kwargs.size=8"),
+              steps: int = typer.Option(500, help="random steps to take")):
+    """Check that lucid can train on ENV before a run: how it sees the observations and
+    actions, then random steps through the checks training makes, and whether videos work."""
+    from .envcheck import check
+    if steps < 1:
+        _fail(f"--steps must be >= 1, got {steps}")
+    try:
+        cfg = _build(env, None, None, None, None, None, None, list(overrides or []))
+        check(cfg, steps, typer.echo)
+    except (ConfigError, ValueError, TypeError, KeyError, ImportError) as exc:
+        _fail(exc)
+    typer.echo(f"ok: lucid can train on {env}")
+
+
 # --------------------------------------------------------------------------- visualising
 
 

@@ -270,3 +270,55 @@ def _train_and_evaluate_a_file_env(tmp_path, proj, elsewhere, monkeypatch):
                             "--device", "cpu"])
     assert r.exit_code != 0 and "there is no file" in r.output
     assert str(elsewhere / "proj" / "no_such.py") in r.output
+
+
+NAN_ENV = '''
+import gymnasium as gym
+import numpy as np
+
+
+class LaterNaN(gym.Env):
+    """Fine at reset and the first steps; a NaN observation at step 7 (5-step episodes)."""
+    total = 0
+    observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    action_space = gym.spaces.Dict({"turn": gym.spaces.Discrete(2),
+                                    "speed": gym.spaces.Box(0, 4, (2,), np.float32)})
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action)
+        self.t, self.total = self.t + 1, self.total + 1
+        obs = np.full(3, np.nan if self.total == 7 else 0.5, np.float32)
+        return obs, 1.0, False, self.t % 5 == 0, {}
+'''
+
+
+def test_check_describes_the_env_and_finds_what_a_run_would_fail_on(tmp_path, monkeypatch):
+    """`lucid check`: observations and actions as lucid maps them (a mixed Dict action: the
+    one-hots first), random steps sent as the actor's are, episodes counted, videos; a NaN
+    observation at step 7 is named with its step, before any run."""
+    r = runner.invoke(app, ["check", "examples.custom_env:MyEnv", "--steps", "30",
+                            "env.max_episode_steps=10"])
+    assert r.exit_code == 0, r.output
+    for line in ("image: image 64x64x3 (uint8 pixels) -> the CNN encoder",
+                 "position: float64 (4,) -> 4 floats, symlog -> the MLP encoder",
+                 "action: 2 categoricals over 3, 3 classes (model dims 0..5)",
+                 "the actor outputs 6 model dims and learns by REINFORCE",
+                 "random actions, 30 steps: 3 episodes ended", "videos: yes (64x64 frames)",
+                 "ok: lucid can train on examples.custom_env:MyEnv"):
+        assert line in r.output, (line, r.output)
+    (tmp_path / "later_nan.py").write_text(NAN_ENV)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the file's directory joins it
+    r = runner.invoke(app, ["check", f"{tmp_path}/later_nan.py:LaterNaN", "--steps", "6"])
+    assert r.exit_code == 0, r.output
+    assert "speed: Normal over 2 dims in [-1, 1], rescaled to [0, 4] (model dims 2..3)" \
+        in r.output and "turn: categorical over 2 classes (model dims 0..1)" in r.output
+    assert "random actions, 6 steps: 1 episodes ended, rewards in [1, 1]" in r.output
+    assert "videos: no (" in r.output and "render_mode" in r.output
+    r = runner.invoke(app, ["check", f"{tmp_path}/later_nan.py:LaterNaN"])
+    assert r.exit_code == 2  # as for every refused input
+    assert "LaterNaN's observation at random step 7" in r.output and "NaN" in r.output

@@ -264,7 +264,8 @@ def _user_env(spec: str, **kwargs) -> gym.Env:
     try:
         env = obj(**kwargs)
     except TypeError as exc:
-        if "render_mode" in kwargs and "render_mode" in str(exc):
+        if "render_mode" in kwargs and ("render_mode" in str(exc)
+                                        or set(kwargs) == {"render_mode"}):  # no arguments
             raise TypeError(f"{spec} does not take render_mode, which videos need: give it a "
                             f"render_mode=None argument and return frames from render() when "
                             f"it is 'rgb_array' (gymnasium's convention), or run without "
