@@ -6,7 +6,8 @@ for each action (categoricals, a Normal over rescaled Box dimensions) and how it
 then takes random actions for a number of steps, each sent the way the actor's are (to
 lucid's model space and back, which must land in the action space): every observation passes
 the checks that training makes (shape, dtype, NaN/Inf, bounds), rewards must be finite
-numbers, and episodes should end. Finally it asks the env for an `rgb_array` frame, which videos need."""
+numbers, and episodes should end. Finally, for an env without image observations, it asks
+for an `rgb_array` frame, which its videos need."""
 
 from __future__ import annotations
 
@@ -90,57 +91,71 @@ def check(cfg: Config, steps: int, echo) -> None:
 
     env = make_env(cfg.env.id, cfg.env.max_episode_steps, **cfg.env.kwargs)
     try:
-        batches = gym.vector.utils.batch_space(env.action_space, 1)  # as a vector env's
-        batches.seed(cfg.run.seed)
-        obs, _ = env.reset(seed=cfg.run.seed)
-        obs_spec.convert(obs)
-        ends, returns, ret, length, low, high = 0, [], 0.0, 0, np.inf, -np.inf
-        for t in range(steps):
-            model = act_spec.from_env(batches.sample())  # the actor's space
-            action = act_spec.item(act_spec.to_env(model), 0)
-            if not env.action_space.contains(action):
-                raise ValueError(f"lucid's action {action!r} for a random one is not in "
-                                 f"{label}'s action space {env.action_space}")
-            obs, reward, term, trunc, _ = env.step(action)
-            try:
-                obs_spec.convert(obs)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{label}'s observation at random step {t + 1}: {exc}") from None
-            reward = float(reward)
-            if not np.isfinite(reward):
-                raise ValueError(f"{label} returned the reward {reward} at random step {t + 1}; "
-                                 f"rewards must be finite")
-            low, high, ret, length = min(low, reward), max(high, reward), ret + reward, length + 1
-            if term or trunc:
-                ends, returns, ret, length = ends + 1, returns + [ret], 0.0, 0
-                obs, _ = env.reset()
-                obs_spec.convert(obs)
+        ends, returns, low, high = _rollout(env, obs_spec, act_spec, steps, cfg.run.seed, label)
     finally:
         env.close()
-    echo(f"random actions, {steps} steps: {ends} episodes ended, rewards in "
+    echo(f"random actions, {steps} steps: {_n(ends, 'episode')} ended, rewards in "
          f"[{low:g}, {high:g}]" + (f", mean return {np.mean(returns):g}" if returns else ""))
     if not ends:
         echo(f"note: no episode ended in {steps} random steps; if episodes never end, give "
              f"env.max_episode_steps (a run needs ends to report returns)")
-    echo("videos: " + _frames(cfg))
+    echo("videos: " + ("yes (frames from the image observations)" if obs_spec.images
+                       else _frames(cfg)))
+
+
+def _rollout(env, obs_spec: ObsSpec, act_spec: ActionSpec, steps: int, seed: int, label: str):
+    """`steps` random steps of `env`, each action through lucid's model space and back;
+    returns (episodes ended, their returns, lowest and highest reward). Raises ValueError
+    naming the step of the first problem: an env that raises, an observation that a run
+    would refuse, a reward that is not a finite number."""
+    batches = gym.vector.utils.batch_space(env.action_space, 1)  # as a vector env's
+    batches.seed(seed)
+    ends, returns, ret, low, high = 0, [], 0.0, np.inf, -np.inf
+    t, what = 0, "reset()"
+    try:
+        obs, _ = env.reset(seed=seed)
+        obs_spec.check(obs)
+        obs_spec.convert(obs)
+        for t in range(1, steps + 1):
+            what = "step()"
+            action = act_spec.item(act_spec.to_env(act_spec.from_env(batches.sample())), 0)
+            if not env.action_space.contains(action):
+                raise ValueError(f"lucid's action {action!r} for a random one is not in the "
+                                 f"action space {env.action_space}")
+            obs, reward, term, trunc, _ = env.step(action)
+            obs_spec.check(obs)
+            obs_spec.convert(obs)
+            reward = float(reward)
+            if not np.isfinite(reward):
+                raise ValueError(f"the reward is {reward}; rewards must be finite")
+            low, high, ret = min(low, reward), max(high, reward), ret + reward
+            if term or trunc:
+                ends, returns, ret, what = ends + 1, returns + [ret], 0.0, "reset()"
+                obs, _ = env.reset()
+                obs_spec.check(obs)
+                obs_spec.convert(obs)
+    except Exception as exc:  # noqa: BLE001 - named with its step
+        raise ValueError(f"{label} at random step {t} ({what}): {type(exc).__name__}: "
+                         f"{exc}") from None
+    return ends, returns, low, high
 
 
 def _frames(cfg: Config) -> str:
     """Whether the env renders rgb_array frames (what videos need), in words."""
-    try:
+    try:  # any failure here only means no videos
         env = make_env(cfg.env.id, cfg.env.max_episode_steps, render_mode="rgb_array",
                        **cfg.env.kwargs)
-    except TypeError as exc:
+    except Exception as exc:  # noqa: BLE001
         return f"no ({exc})"
     try:
         env.reset(seed=cfg.run.seed)
         frame = env.render()
-    except Exception as exc:  # noqa: BLE001 - any failure only means no videos
+        frame = None if frame is None else np.asarray(frame)
+    except Exception as exc:  # noqa: BLE001
         return f"no (render() raised {type(exc).__name__}: {exc})"
     finally:
         env.close()
-    frame = np.asarray(frame) if frame is not None else None
-    if frame is None or frame.ndim != 3 or frame.shape[-1] not in (3, 4):
+    if frame is None or not (frame.ndim == 2 or frame.ndim == 3 and frame.shape[-1] <= 4):
         return (f"no (render() returned {None if frame is None else frame.shape}, not an "
-                f"H x W x 3 frame; run.videos=false to skip them)")
+                f"H x W (x C) frame; run.videos=false to skip them)")
     return f"yes ({frame.shape[0]}x{frame.shape[1]} frames)"

@@ -278,11 +278,15 @@ import numpy as np
 
 
 class LaterNaN(gym.Env):
-    """Fine at reset and the first steps; a NaN observation at step 7 (5-step episodes)."""
+    """Fine at reset and the first steps; a NaN observation at step 7, or an exception at
+    step `crash` (5-step episodes)."""
     total = 0
     observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
     action_space = gym.spaces.Dict({"turn": gym.spaces.Discrete(2),
                                     "speed": gym.spaces.Box(0, 4, (2,), np.float32)})
+
+    def __init__(self, crash=0):
+        self.crash = crash
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -292,6 +296,8 @@ class LaterNaN(gym.Env):
     def step(self, action):
         assert self.action_space.contains(action)
         self.t, self.total = self.t + 1, self.total + 1
+        if self.total == self.crash:
+            raise RuntimeError("crashed")
         obs = np.full(3, np.nan if self.total == 7 else 0.5, np.float32)
         return obs, 1.0, False, self.t % 5 == 0, {}
 '''
@@ -308,7 +314,8 @@ def test_check_describes_the_env_and_finds_what_a_run_would_fail_on(tmp_path, mo
                  "position: float64 (4,) -> 4 floats, symlog -> the MLP encoder",
                  "action: 2 categoricals over 3, 3 classes (model dims 0..5)",
                  "the actor outputs 6 model dims and learns by REINFORCE",
-                 "random actions, 30 steps: 3 episodes ended", "videos: yes (64x64 frames)",
+                 "random actions, 30 steps: 3 episodes ended",
+                 "videos: yes (frames from the image observations)",
                  "ok: lucid can train on examples.custom_env:MyEnv"):
         assert line in r.output, (line, r.output)
     (tmp_path / "later_nan.py").write_text(NAN_ENV)
@@ -317,8 +324,11 @@ def test_check_describes_the_env_and_finds_what_a_run_would_fail_on(tmp_path, mo
     assert r.exit_code == 0, r.output
     assert "speed: Normal over 2 dims in [-1, 1], rescaled to [0, 4] (model dims 2..3)" \
         in r.output and "turn: categorical over 2 classes (model dims 0..1)" in r.output
-    assert "random actions, 6 steps: 1 episodes ended, rewards in [1, 1]" in r.output
+    assert "random actions, 6 steps: 1 episode ended, rewards in [1, 1]" in r.output
     assert "videos: no (" in r.output and "render_mode" in r.output
     r = runner.invoke(app, ["check", f"{tmp_path}/later_nan.py:LaterNaN"])
     assert r.exit_code == 2  # as for every refused input
-    assert "LaterNaN's observation at random step 7" in r.output and "NaN" in r.output
+    assert "later_nan.py:LaterNaN at random step 7 (step()): ValueError" in r.output
+    assert "NaN" in r.output
+    r = runner.invoke(app, ["check", f"{tmp_path}/later_nan.py:LaterNaN", "env.kwargs.crash=4"])
+    assert r.exit_code == 2 and "at random step 4 (step()): RuntimeError: crashed" in r.output

@@ -92,8 +92,8 @@ def test_float_images_outside_their_bounds_are_clipped_with_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         spec.convert(np.clip(x + 0.001, 0, 1.001))  # within rounding: silent
-    with pytest.warns(LucidWarning, match=r"observation has values outside its space's "
-                                          r"bounds \[0, 1\].*Box\(0, 255\)"):
+    with pytest.warns(LucidWarning, match=r"observation has values outside \[0, 1\], the "
+                                          r"range lucid reads .*Box\(0, 255\)"):
         got = spec.convert(x * 255)["image"]
     np.testing.assert_array_equal(got, np.rint(np.clip(x * 255 * 255, 0, 255)))  # clipped
 

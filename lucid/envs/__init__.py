@@ -237,6 +237,17 @@ def env_label(env_id: str) -> str:
     return env_id
 
 
+def _takes(fn, kwargs: dict) -> bool:
+    """Whether `fn`'s signature takes these keyword arguments (True where it cannot tell)."""
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read
+        return True
+    return True
+
+
 def _user_env(spec: str, **kwargs) -> gym.Env:
     try:
         obj = _import_attr(spec)
@@ -264,8 +275,7 @@ def _user_env(spec: str, **kwargs) -> gym.Env:
     try:
         env = obj(**kwargs)
     except TypeError as exc:
-        if "render_mode" in kwargs and ("render_mode" in str(exc)
-                                        or set(kwargs) == {"render_mode"}):  # no arguments
+        if "render_mode" in kwargs and not _takes(obj, kwargs):
             raise TypeError(f"{spec} does not take render_mode, which videos need: give it a "
                             f"render_mode=None argument and return frames from render() when "
                             f"it is 'rgb_array' (gymnasium's convention), or run without "

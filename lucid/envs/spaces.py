@@ -223,10 +223,10 @@ class ObsSpec:
                     scale = self.image_scale.get(key, 1.0)
                     x = x * scale
                     if x.size and (x.min() < -0.5 or x.max() > 255.5):  # beyond rounding
-                        warn(f"{self._what(key)} has values outside its space's bounds "
-                             f"[0, {255 / scale:g}], which are clipped into them: declare the "
-                             f"bounds the env's images have (Box(0, 255) for floats in 0..255, "
-                             f"Box(0, 1) for floats in 0..1)")
+                        warn(f"{self._what(key)} has values outside [0, {255 / scale:g}], "
+                             f"the range lucid reads from its space's bounds, which are "
+                             f"clipped into it: declare the bounds the env's images have "
+                             f"(Box(0, 255) for floats in 0..255, Box(0, 1) for floats in 0..1)")
                     x = np.rint(np.clip(x, 0, 255)).astype(np.uint8)
             elif key in self.discrete:
                 nvec = self.discrete[key]
@@ -393,6 +393,8 @@ class ActionSpec:
         scaled = scaled.reshape(len(action), *self.shape)
         if self.dtype is None:
             return scaled.astype(np.float32)
+        if self.dtype == np.bool_:
+            return scaled > 0.5
         if np.issubdtype(self.dtype, np.integer):  # an integer Box: the nearest integer
             scaled = np.rint(scaled)
         return scaled.astype(self.dtype)
