@@ -62,8 +62,9 @@ class Dreamer:
     def __init__(self, env, preset: str | None = None, size: str | None = None,
                  run_dir: str | Path | None = None, **overrides: Any):
         """`env` is an env name (any gymnasium id, a suite name such as `atari:Pong`,
-        `module.path:EnvClass` or `path/to/file.py:EnvClass`) or a gymnasium.Env instance (trained on one copy of it, or N
-        with env__num_envs=N; such a run cannot be resumed from the command line). `preset`
+        `module.path:EnvClass` or `path/to/file.py:EnvClass`) or a gymnasium.Env instance
+        (trained on one copy of it, or N with env__num_envs=N; such a run cannot be resumed
+        from the command line). `preset`
         defaults to the env's domain preset. `overrides` are config keys as
         section__key=value (e.g. train__train_ratio=64) or nested dicts per section
         (train={"train_ratio": 64}); the env section's keys only as env__key=value

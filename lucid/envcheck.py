@@ -17,6 +17,7 @@ import numpy as np
 from .behavior import uses_reinforce
 from .config import Config
 from .envs import ActionSpec, ObsSpec, env_label, make_env
+from .train import _fits, spaces_of
 
 
 def _n(count: int, what: str) -> str:
@@ -78,7 +79,6 @@ def describe_actions(spec: ActionSpec, cfg: Config) -> list[str]:
 def check(cfg: Config, steps: int, echo) -> None:
     """Describe cfg's env through `echo`, then take `steps` random steps (resetting after
     each episode); raises ValueError/TypeError naming the first problem."""
-    from .train import spaces_of
     obs_spec, act_spec = spaces_of(cfg)  # the first reset and step, as a run checks them
     label = env_label(cfg.env.id)
     echo(f"{label}: preset {cfg.preset}, model size {cfg.model.size}")
@@ -112,10 +112,13 @@ def _rollout(env, obs_spec: ObsSpec, act_spec: ActionSpec, steps: int, seed: int
     batches.seed(seed)
     ends, returns, ret, low, high = 0, [], 0.0, np.inf, -np.inf
     t, what = 0, "reset()"
+
+    def fits(obs):  # the checks a run makes of every observation
+        _fits(label, obs_spec, env.observation_space, obs, "observation")
+
     try:
         obs, _ = env.reset(seed=seed)
-        obs_spec.check(obs)
-        obs_spec.convert(obs)
+        fits(obs)
         for t in range(1, steps + 1):
             what = "step()"
             action = act_spec.item(act_spec.to_env(act_spec.from_env(batches.sample())), 0)
@@ -123,8 +126,7 @@ def _rollout(env, obs_spec: ObsSpec, act_spec: ActionSpec, steps: int, seed: int
                 raise ValueError(f"lucid's action {action!r} for a random one is not in the "
                                  f"action space {env.action_space}")
             obs, reward, term, trunc, _ = env.step(action)
-            obs_spec.check(obs)
-            obs_spec.convert(obs)
+            fits(obs)
             reward = float(reward)
             if not np.isfinite(reward):
                 raise ValueError(f"the reward is {reward}; rewards must be finite")
@@ -132,8 +134,7 @@ def _rollout(env, obs_spec: ObsSpec, act_spec: ActionSpec, steps: int, seed: int
             if term or trunc:
                 ends, returns, ret, what = ends + 1, returns + [ret], 0.0, "reset()"
                 obs, _ = env.reset()
-                obs_spec.check(obs)
-                obs_spec.convert(obs)
+                fits(obs)
     except Exception as exc:  # noqa: BLE001 - named with its step
         raise ValueError(f"{label} at random step {t} ({what}): {type(exc).__name__}: "
                          f"{exc}") from None
