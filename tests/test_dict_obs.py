@@ -150,6 +150,13 @@ def test_box_actions_take_the_spaces_dtype_and_integer_boxes_the_nearest_integer
     halves = gym.spaces.Box(-1, 1, (2,), np.float16)
     env = ActionSpec.from_space(halves).to_env(model)
     assert env.dtype == np.float16 and all(halves.contains(a) for a in env)
+    # int64 bounds past 2**53 round in float64 (2**63 - 1 to 2**63, which int64 cannot hold;
+    # 2**62 + 1000 to 2**62 + 1024, outside the Box): the actions stay within the exact bounds
+    top = np.iinfo(np.int64).max
+    wide = gym.spaces.Box(np.array([-top - 1, 0]), np.array([top, 2**62 + 1000]), (2,), np.int64)
+    env = ActionSpec.from_space(wide).to_env(np.array([[1.0, 1.0], [-1.0, 0.0]], np.float32))
+    assert env.dtype == np.int64 and all(wide.contains(a) for a in env), env
+    assert env[0, 0] > 2**62 and env[0, 1] == 2**62 + 1000 and env[1, 0] == -top - 1
 
 
 def test_image_like_spaces_in_another_layout_are_refused_with_the_wrapper_to_use():

@@ -268,6 +268,8 @@ class ActionSpec:
     # (Multi)Discrete, float32 for Box): MultiBinary's, a float64 or integer Box's
     space: gym.Space | None = None  # a Dict or Tuple action space, whose leaves are `parts`
     parts: list[tuple[tuple, "ActionSpec"]] = field(default_factory=list)  # (path, leaf spec)
+    int_bounds: tuple[np.ndarray, np.ndarray] | None = None  # an integer Box's own bounds:
+    # `low`/`high` are float64, which rounds int64 bounds beyond 2**53
 
     @classmethod
     def from_space(cls, space: gym.Space, where: str = "") -> "ActionSpec":
@@ -293,8 +295,11 @@ class ActionSpec:
                      f"{open_dims.tolist()}: lucid's actions there lie in [-1, 1] (within the "
                      f"bounds); give it finite bounds, or rescale with "
                      f"gymnasium.wrappers.RescaleAction")
+            exact = ((space.low.ravel(), space.high.ravel())
+                     if np.issubdtype(space.dtype, np.integer) else None)
             return cls(low=low, high=high, shape=tuple(space.shape),
-                       dtype=None if space.dtype == np.float32 else space.dtype)
+                       dtype=None if space.dtype == np.float32 else space.dtype,
+                       int_bounds=exact)
         raise TypeError(f"unsupported {name}; lucid supports {SUPPORTED_ACT}")
 
     @classmethod
@@ -390,13 +395,17 @@ class ActionSpec:
         with np.errstate(invalid="ignore"):  # inf bounds: the branch np.where drops
             scaled = np.where(finite, self.low + (a + 1.0) / 2.0 * (self.high - self.low), a)
         scaled = np.clip(scaled, self.low, self.high)  # half-open bounds: stay inside
+        if self.int_bounds is not None:  # an integer Box: the nearest integer within bounds,
+            # clipped where exact: float64 may round a bound past itself or past the dtype
+            info = np.iinfo(self.dtype)
+            top = np.nextafter(float(info.max) + 1.0, 0.0)  # the largest float below 2**bits
+            ints = np.clip(np.rint(scaled), float(info.min), top).astype(self.dtype)
+            return np.clip(ints, *self.int_bounds).reshape(len(action), *self.shape)
         scaled = scaled.reshape(len(action), *self.shape)
         if self.dtype is None:
             return scaled.astype(np.float32)
         if self.dtype == np.bool_:
             return scaled > 0.5
-        if np.issubdtype(self.dtype, np.integer):  # an integer Box: the nearest integer
-            scaled = np.rint(scaled)
         return scaled.astype(self.dtype)
 
     def from_env(self, action) -> np.ndarray:
