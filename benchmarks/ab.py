@@ -101,7 +101,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", default="nano")
     p.add_argument("--obs", default="vector", choices=["vector", "image"])
-    p.add_argument("--action", default="discrete", choices=["discrete", "continuous"])
+    p.add_argument("--action", default="discrete", choices=["discrete", "continuous", "mixed"])
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--length", type=int, default=64)
     p.add_argument("--threads", type=int, default=2, help="torch threads per worker")

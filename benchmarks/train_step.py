@@ -51,10 +51,14 @@ from lucid.system import tune_malloc  # noqa: E402
 
 
 def spaces(obs: str, action: str):
-    """vector: 4 floats (CartPole-shaped); image: 64x64x3 uint8. 6 actions either way."""
+    """vector: 4 floats (CartPole-shaped); image: 64x64x3 uint8. 6 action dims each way:
+    discrete (6 choices), continuous (a 6-dim Box) or mixed (3 choices and a 3-dim Box)."""
     obs_space = (gym.spaces.Box(-1, 1, (4,)) if obs == "vector"
                  else gym.spaces.Box(0, 255, (64, 64, 3), np.uint8))
-    act_space = gym.spaces.Discrete(6) if action == "discrete" else gym.spaces.Box(-1, 1, (6,))
+    act_space = {"discrete": gym.spaces.Discrete(6),
+                 "continuous": gym.spaces.Box(-1, 1, (6,)),
+                 "mixed": gym.spaces.Tuple((gym.spaces.Discrete(3),
+                                            gym.spaces.Box(-1, 1, (3,))))}[action]
     return ObsSpec.from_space(obs_space), ActionSpec.from_space(act_space)
 
 
@@ -176,7 +180,7 @@ def main(argv=None):
     p.add_argument("--size", nargs="+", default=["mini", "XS"],
                    help=f"any of {' '.join(SIZES)}, or 'all'")
     p.add_argument("--obs", nargs="+", default=["vector"], choices=["vector", "image"])
-    p.add_argument("--action", nargs="+", default=["discrete"], choices=["discrete", "continuous"])
+    p.add_argument("--action", nargs="+", default=["discrete"], choices=["discrete", "continuous", "mixed"])
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--length", type=int, default=64)
     p.add_argument("--horizon", type=int, default=0, help="imagination horizon (0 = config's 15)")
