@@ -626,6 +626,36 @@ def test_custom_env_trains_through_the_python_api(tmp_path, monkeypatch):
     agent.trainer.close()
 
 
+def test_a_module_next_to_an_env_file_that_imports_it_gets_the_same_classes(tmp_path,
+                                                                              monkeypatch):
+    """`lucid train proj/grid.py:Grid` where proj/wrappers.py says `from grid import Grid`:
+    one module, so its classes are the env's (a second copy fails isinstance). A file whose
+    name is taken by another module (`json.py`) is not put in that module's place."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    (tmp_path / "grid.py").write_text(
+        "import gymnasium as gym\n"
+        "class Grid(gym.Env):\n"
+        "    observation_space = gym.spaces.Box(0, 1, (1,))\n"
+        "    action_space = gym.spaces.Discrete(2)\n"
+        "def make():\n"
+        "    import wrappers\n"
+        "    return wrappers.Tagged(Grid())\n")
+    (tmp_path / "wrappers.py").write_text(
+        "import gymnasium as gym\n"
+        "from grid import Grid\n"
+        "class Tagged(gym.Wrapper):\n"
+        "    def __init__(self, env):\n"
+        "        assert isinstance(env, Grid), 'a second copy of grid.Grid'\n"
+        "        super().__init__(env)\n")
+    env = make_env(f"{tmp_path}/grid.py:make")
+    assert type(env.unwrapped).__name__ == "Grid"
+    (tmp_path / "json.py").write_text((tmp_path / "grid.py").read_text())
+    import json
+    make_env(f"{tmp_path}/json.py:Grid")
+    assert sys.modules["json"] is json
+
+
 def test_an_env_file_with_dots_in_its_name_pickles_and_a_missing_class_is_named(tmp_path,
                                                                                monkeypatch):
     """The file is imported under a module name pickle can import again (`my.env.py` has

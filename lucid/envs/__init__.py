@@ -186,15 +186,30 @@ def _import_file(path: str):
         sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    names = [name]
+    if file.stem.isidentifier() and file.stem not in sys.modules and _finds(file.stem, file):
+        names.append(file.stem)  # `import my_env` in a module next to it: this module, not a
+        # second copy with classes of their own (isinstance, class attributes)
+    for n in names:
+        sys.modules[n] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules[name]
+        for n in names:
+            del sys.modules[n]
         if added:
             sys.path.remove(folder)
         raise
     return module
+
+
+def _finds(top: str, file: Path) -> bool:
+    """Whether `import top` would load `file`."""
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    return found is not None and found.origin is not None and Path(found.origin).resolve() == file
 
 
 def _import_attr(spec: str):
