@@ -77,6 +77,7 @@ class Replay(_Locked):
                 f"train.replay_max_gb, or keep it on disk with train.replay_memmap=true") from None
         self.pos = 0  # next write slot (same for all envs: they step together)
         self.count = 0  # steps written per env, ever
+        self.first = 0  # the oldest step (per env) ever held: after a restore, its first step
         self.persisted = 0  # steps per env already written to chunk files
         self.rng = np.random.default_rng(seed)
         # Held by every write and by `sample` (its indices, the gather and the RNG), so a
@@ -110,8 +111,13 @@ class Replay(_Locked):
             fields[f] = ((), np.bool_)
         return cls(capacity, num_envs, fields, seed, **kwargs)
 
+    @property
+    def stored(self) -> int:
+        """Steps held per env: the newest `per_env` at most, none before `first`."""
+        return min(self.count - self.first, self.per_env)
+
     def __len__(self) -> int:
-        return min(self.count, self.per_env) * self.num_envs
+        return self.stored * self.num_envs
 
     @property
     def nbytes(self) -> int:
@@ -142,10 +148,10 @@ class Replay(_Locked):
                 self.flush()
 
     def can_sample(self, length: int) -> bool:
-        return min(self.count, self.per_env) >= length
+        return self.stored >= length
 
     def sample_indices(self, batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-        stored = min(self.count, self.per_env)
+        stored = self.stored
         if stored < length:
             raise ValueError(f"replay holds {stored} steps per env, fewer than the window "
                              f"length {length}")
@@ -194,52 +200,48 @@ class Replay(_Locked):
         return sorted(found, key=lambda x: x[1])
 
     def restore(self, set_aside: bool = True) -> int:
-        """Rebuild the buffer from the newest contiguous run of chunk files (unreadable chunks
-        end the run and, with `set_aside`, are renamed *.corrupt with any newer ones, so that
-        new chunks never follow a gap). Returns the number of steps per env restored."""
+        """Rebuild the buffer from the newest contiguous run of readable chunk files. An
+        unreadable chunk is renamed *.corrupt (with `set_aside`); if it is the newest, the
+        stream ends before it, otherwise the run starts after it (older chunks stay on disk
+        behind the gap until their steps would have been evicted). Returns the number of
+        steps per env restored."""
         with self.lock:
             return self._restore(set_aside)
 
     def _restore(self, set_aside: bool) -> int:
-        chunks = self._chunks()
-        run: list[tuple[Path, int, int]] = []
-        for path, (first, end) in reversed(chunks):
-            if run and end != run[-1][1]:
-                break  # a gap: older chunks belong to steps that were never contiguous
-            run.append((path, first, end))
-            if run[0][2] - first >= self.per_env:
-                break
-        self.pos = self.count = self.persisted = 0
-        loaded = []
-        run = run[::-1]  # oldest first
-        for i, (path, first, end) in enumerate(run):
+        """Newest chunk first, each copied into its slots as it is read (step s of an env
+        lives in slot s % per_env), so memory holds one chunk at a time, never the replay."""
+        if set_aside and self.directory is not None and self.directory.exists():
+            for torn in self.directory.glob("chunk-*.npz.tmp"):  # a kill during a flush
+                torn.unlink(missing_ok=True)
+        self.pos = self.count = self.persisted = self.first = 0
+        top = None  # the end of the restored run: new chunks follow it
+        for path, (first, stop) in reversed(self._chunks()):
+            if top is not None and (stop != self.first or stop <= top - self.per_env):
+                break  # a gap, or every step in it would have been evicted
             try:
                 with np.load(path, allow_pickle=False) as f:
                     arrays = {k: f[k] for k in f.files}
-            except Exception as exc:  # noqa: BLE001 - torn or corrupt file
-                # The stream ends before it: set it and anything newer aside (kept, renamed).
-                for bad, _, _ in run[i:] if set_aside else []:
-                    bad.replace(bad.with_name(bad.name + ".corrupt"))
-                print(f"warning: replay chunk {path.name} is unreadable ({exc}); restored the "
-                      f"steps before it" + (" and renamed it and newer chunks to *.corrupt"
-                                            if set_aside else ""))
+            except Exception as exc:  # noqa: BLE001 - a torn or corrupt file
+                self._unreadable(path, exc, set_aside)
+                if top is None:
+                    continue  # the newest: the stream ends before it
                 break
-            loaded.append((first, end, self._check(path, arrays)))
-        if not loaded:
-            return 0
-        start = loaded[0][0]
-        self.count = start
-        self.pos = start % self.per_env
-        for first, end, arrays in loaded:
-            n = end - first
-            keep = min(n, self.per_env)
-            slots = (self.pos + np.arange(n - keep, n)) % self.per_env
+            self._check(path, arrays)  # written for other spaces: an error, not corruption
+            if top is None:
+                top = self.count = self.persisted = self.first = stop
+                self.pos = stop % self.per_env
+            lo = max(first, top - self.per_env)
             for k, a in self.data.items():
-                a[:, slots] = arrays[k][:, n - keep:]
-            self.count = end
-            self.pos = end % self.per_env
-        self.persisted = self.count
-        return min(self.count - start, self.per_env)
+                a[:, np.arange(lo, stop) % self.per_env] = arrays[k][:, lo - first:]
+            self.first = lo
+        return self.stored
+
+    def _unreadable(self, path: Path, exc: Exception, set_aside: bool) -> None:
+        if set_aside:
+            path.replace(path.with_name(path.name + ".corrupt"))
+        print(f"warning: replay chunk {path.name} is unreadable ({exc}); it is left out of "
+              f"the restored replay" + (" and renamed to *.corrupt" if set_aside else ""))
 
     def _check(self, path, arrays: dict) -> dict:
         for k, a in self.data.items():
@@ -278,7 +280,7 @@ class ReplayGroup(_Locked):
         return sum(p.nbytes for p in self.parts)
 
     def _windows(self, length: int) -> np.ndarray:
-        return np.array([p.num_envs * max(0, min(p.count, p.per_env) - length + 1)
+        return np.array([p.num_envs * max(0, p.stored - length + 1)
                          for p in self.parts], np.float64)
 
     def can_sample(self, length: int) -> bool:
@@ -303,9 +305,11 @@ class ReplayGroup(_Locked):
 
     @property
     def fullest(self) -> Replay:
-        return max(self.parts, key=lambda p: min(p.count, p.per_env))
+        return max(self.parts, key=lambda p: p.stored)
 
     count = property(lambda self: self.fullest.count)
+    first = property(lambda self: self.fullest.first)
+    stored = property(lambda self: self.fullest.stored)
     per_env = property(lambda self: self.fullest.per_env)
     pos = property(lambda self: self.fullest.pos)
     data = property(lambda self: self.fullest.data)

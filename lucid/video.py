@@ -447,7 +447,7 @@ def dream_batch(replay, n: int, length: int, device="cpu", seed: int = 0) -> dic
     """`n` windows of `length` steps from a Replay, preferring windows in which no new episode
     starts after the first step (so the dream is compared with one continuous episode)."""
     from .replay import to_batch
-    stored = min(replay.count, replay.per_env)
+    stored = replay.stored
     if stored < length:
         raise ValueError(f"the replay holds {stored} steps per env, fewer than the {length} "
                          f"a dream of this length needs; use a smaller --horizon")
@@ -530,7 +530,7 @@ def _log_videos(trainer, writer, step, horizon, context, fps, rows) -> dict[str,
     paths["eval"] = write_video(out_dir / f"eval-{step:09d}.mp4", rec.frames, fps=30)
     if writer is not None:
         log_video(writer, "eval/video", rec.frames, step, fps=fps)
-    stored = min(trainer.replay.count, trainer.replay.per_env)
+    stored = trainer.replay.stored
     if stored >= context + 1:
         horizon = min(horizon, stored - context)
         result = dream(trainer, horizon, context, rows, seed=step)

@@ -41,8 +41,7 @@ def _add(rep, t0, n):
 
 def _stored(rep):
     """Steps in order (oldest first) as the replay sees them."""
-    n = min(rep.count, rep.per_env)
-    return rep._ordered(rep.count - n, rep.count)
+    return rep._ordered(rep.count - rep.stored, rep.count)
 
 
 # --------------------------------------------------------------------------- replay on disk
@@ -92,6 +91,69 @@ def test_unreadable_newest_chunk_keeps_the_older_steps(tmp_path):
     other.flush()
     again = Replay(100, 1, FIELDS, directory=tmp_path)
     assert again.restore() == 30
+
+
+def _chunk(tmp_path, first):
+    return next(tmp_path.glob(f"chunk-{first:012d}-*.npz"))
+
+
+def test_a_replay_restored_into_a_larger_capacity_samples_only_restored_steps(tmp_path):
+    """`train.replay_capacity` raised before a resume: the ring holds the 30 restored steps
+    in 100 slots, and windows are drawn from those 30 alone (not from never-written zeros)."""
+    rep = Replay(30, 1, FIELDS, directory=tmp_path, chunk_length=10)
+    _add(rep, 1, 60)  # rewards 1..60; the last 30 are kept
+    bigger = Replay(100, 1, FIELDS, directory=tmp_path)
+    assert bigger.restore() == 30 and len(bigger) == 30 and bigger.count == 60
+    np.testing.assert_array_equal(_stored(bigger)["reward"][0], np.arange(31, 61))
+    s = bigger.sample(2000, 8)["reward"]
+    assert s.min() == 31 and s.max() == 60 and np.all(np.diff(s, axis=1) == 1)
+    assert not bigger.can_sample(31) and bigger.can_sample(30)
+    _add(bigger, 61, 20)  # the stream goes on; now 50 stored
+    assert len(bigger) == 50 and bigger.sample(500, 50)["reward"].min() == 31
+
+
+@pytest.mark.parametrize("bad", [0, 10, 20])  # the oldest chunk, one in the middle, the one before the newest
+def test_an_unreadable_older_chunk_keeps_the_newer_steps(tmp_path, bad):
+    rep = Replay(100, 1, FIELDS, directory=tmp_path, chunk_length=10)
+    _add(rep, 0, 40)
+    torn = _chunk(tmp_path, bad)
+    torn.write_bytes(torn.read_bytes()[:100])
+    (tmp_path / "chunk-000000000040-000000000050.npz.tmp").write_bytes(b"torn")  # killed in a flush
+    other = Replay(100, 1, FIELDS, directory=tmp_path)
+    assert other.restore() == 30 - bad and other.count == 40
+    np.testing.assert_array_equal(_stored(other)["reward"][0], np.arange(bad + 10, 40))
+    assert other.sample(500, 30 - bad)["reward"].min() == bad + 10
+    assert (tmp_path / (torn.name + ".corrupt")).exists()
+    assert not list(tmp_path.glob("*.tmp"))
+    if bad:  # older chunks stay on disk, behind the gap: a later restore does not cross it
+        assert _chunk(tmp_path, 0).exists()
+    _add(other, 40, 10)
+    other.flush()
+    again = Replay(100, 1, FIELDS, directory=tmp_path)
+    assert again.restore() == 40 - bad
+    np.testing.assert_array_equal(_stored(again)["reward"][0], np.arange(bad + 10, 50))
+
+
+def test_restore_holds_one_chunk_at_a_time(tmp_path):
+    """Restoring reads a chunk and copies it into the ring before reading the next, so the
+    memory it takes beyond the ring is about one chunk, not the replay (a memmapped replay
+    can be larger than RAM)."""
+    import tracemalloc
+    fields = {"obs/image": ((64, 64, 3), np.uint8), "reward": ((), np.float32)}
+    rep = Replay(400, 1, fields, directory=tmp_path, chunk_length=50)
+    img = np.zeros((1, 64, 64, 3), np.uint8)
+    for t in range(400):
+        rep.add({"obs/image": img, "reward": np.full(1, t, np.float32)})
+    chunk_bytes = 50 * 64 * 64 * 3
+    other = Replay(400, 1, fields, directory=tmp_path)  # the ring: allocated before tracing
+    tracemalloc.start()
+    try:
+        assert other.restore() == 400
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * chunk_bytes, (peak, chunk_bytes)  # the replay: 8 chunks (read, a copy)
+    np.testing.assert_array_equal(_stored(other)["reward"][0], np.arange(400))
 
 
 def test_replay_of_other_spaces_is_refused(tmp_path):

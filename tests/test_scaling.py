@@ -327,7 +327,7 @@ def test_ray_runners_keep_the_train_ratio_and_replace_a_killed_runner(tmp_path):
         assert c["env_steps"] >= 320 and c["env_steps"] % 16 == 0  # chunks of 2 envs x 8
         assert c["updates"] == math.floor((c["env_steps"] - prefill) * ratio / (4 * 16)) > 0
         # both runners' streams reached the replay, each in its own part
-        stored = [min(p.count, p.per_env) for p in tr.replay.parts]
+        stored = [p.stored for p in tr.replay.parts]
         assert sum(stored) * 2 == c["env_steps"] and min(stored) > 0
         rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
         assert rows[-1]["runners/restarts"] == 1
