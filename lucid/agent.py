@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from . import kernels
-from .behavior import (Actor, Critic, ReturnNorm, actor_loss, critic_loss, imagined_weights,
-                       lambda_return, replay_critic_loss, replay_lambda_return, uses_reinforce)
+from .behavior import (Actor, Critic, ReturnNorm, actor_loss, critic_loss, episode_ends,
+                       imagined_weights, lambda_return, replay_critic_loss, replay_lambda_return,
+                       uses_reinforce)
 from .config import Config
 from .envs.spaces import ActionSpec, ObsSpec
 from .world_model import State, WorldModel
@@ -264,11 +265,11 @@ class Agent:
                                             critic_probs)
             if t.replay_value_scale > 0:  # Nature recipe: also on the replayed windows
                 B, T = batch["reward"].shape
-                rep_ret = replay_lambda_return(batch["reward"].float(), batch["is_last"],
+                ends = episode_ends(batch["is_last"], batch["is_first"])
+                rep_ret = replay_lambda_return(batch["reward"].float(), ends,
                                                batch["is_terminal"],
                                                ret[0].detach().reshape(B, T), t.gamma, t.lam)
-                r_loss, r_metrics = replay_critic_loss(critic, out["feat"], rep_ret,
-                                                       batch["is_last"], t)
+                r_loss, r_metrics = replay_critic_loss(critic, out["feat"], rep_ret, ends, t)
                 c_loss = c_loss + t.replay_value_scale * r_loss
                 c_metrics.update(r_metrics)
         metrics.update(c_metrics)

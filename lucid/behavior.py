@@ -27,6 +27,13 @@ def lambda_return(reward: torch.Tensor, cont: torch.Tensor, value: torch.Tensor,
     return torch.stack(out[::-1][:-1])
 
 
+def episode_ends(is_last: torch.Tensor, is_first: torch.Tensor) -> torch.Tensor:
+    """Steps (B, T) that end an episode within replayed windows: marked `is_last`, or followed
+    by an `is_first` step, where the stream was cut without one (a resumed run, a replaced
+    env runner: the old episode's last stored step is not marked)."""
+    return is_last | torch.cat([is_first[:, 1:], torch.zeros_like(is_first[:, :1])], 1)
+
+
 def replay_lambda_return(reward: torch.Tensor, last: torch.Tensor, terminal: torch.Tensor,
                          boot: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
     """λ-returns along replayed (B, T) windows for the replay value loss of the Nature (2025)

@@ -540,6 +540,27 @@ def make_agent(act: ActionSpec, seed=0, size="nano", **train):
     return Agent(VEC, act, cfg(size, horizon=4, **train))
 
 
+def test_replay_value_loss_ends_episodes_where_the_stream_was_cut():
+    """A window where step 3 starts an episode but step 2 lacks is_last (a resumed run's
+    seam): the replay value loss is the one of the same window with step 2 marked last, and
+    differs from the one that reads across the seam."""
+    seam = random_batch(DISCRETE, B=2, T=6, seed=5)
+    seam["is_terminal"][:] = False
+    seam["is_last"][:] = False
+    seam["is_first"][0, 3] = True
+    marked = {**seam, "is_last": seam["is_last"].clone()}
+    marked["is_last"][0, 2] = True
+    across = {**seam, "is_first": seam["is_first"].clone()}
+    across["is_first"][0, 3] = False  # no seam at all: a different loss, so the test can fail
+    losses = []
+    for batch in (seam, marked, across):
+        agent = make_agent(DISCRETE, seed=3, replay_value_scale=0.3)
+        randomise_heads(agent)
+        torch.manual_seed(4)
+        losses.append(float(agent.train(batch)["critic/replay_loss"]))
+    assert losses[0] == losses[1] and losses[0] != losses[2], losses
+
+
 def randomise_heads(agent: Agent):
     """Give the zero-initialised reward and critic outputs weights, so that returns depend on
     the imagined states (otherwise no gradient flows back through the dynamics at step 1)."""

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from lucid.behavior import ReturnNorm, imagined_weights, lambda_return, replay_lambda_return
+from lucid.behavior import (ReturnNorm, episode_ends, imagined_weights, lambda_return,
+                            replay_lambda_return)
 from lucid.nets import (LN_EPS, ImageDecoder, ImageEncoder, NormGRUCell, TwoHot,
                         categorical_index, categorical_kl, onehot_sample, symexp, symlog,
                         unimix_logits, unimix_probs)
@@ -542,6 +543,15 @@ def test_replay_lambda_return_hand_worked():
     last = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 0]], dtype=torch.bool)
     got = replay_lambda_return(r, last, last, boot, 0.5, 0.5).numpy()
     np.testing.assert_allclose(got, [[6.75, 13.0, 24.0], [4.0, 2.0, 24.0]], rtol=1e-15)
+
+
+def test_episode_ends_include_a_step_before_an_unmarked_episode_start():
+    # Row 0: an episode ends at step 1 as collected (is_last, then is_first). Row 1: the
+    # stream was cut after step 2 (a resume): step 3 starts an episode, step 2 is not marked.
+    last = torch.tensor([[0, 1, 0, 0, 0], [0, 0, 0, 0, 1]], dtype=torch.bool)
+    first = torch.tensor([[1, 0, 1, 0, 0], [0, 0, 0, 1, 0]], dtype=torch.bool)
+    np.testing.assert_array_equal(episode_ends(last, first).int().numpy(),
+                                  [[0, 1, 0, 0, 0], [0, 0, 1, 0, 1]])
 
 
 def test_imagined_weights_loop():
