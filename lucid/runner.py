@@ -29,8 +29,10 @@ class EnvError(RuntimeError):
 
 class Restarting(gym.Wrapper):
     """Rebuilds the environment when its `step` or `reset` raises, up to `max_restarts` times.
-    A failed step ends the episode as a truncation (not terminal) with zero reward, and the
-    info carries `env_restarted=True`; training goes on."""
+    A failed step ends the episode as a truncation (not terminal) with zero reward at the last
+    observation (the rebuilt env is reset by the vector env's autoreset, on the next step, so
+    no step joins two envs' observations), and the info carries `env_restarted=True`;
+    training goes on."""
 
     def __init__(self, make: Callable[[], gym.Env], max_restarts: int = 10):
         self._make, self.max_restarts, self.restarts = make, max_restarts, 0
@@ -73,8 +75,7 @@ class Restarting(gym.Wrapper):
             out = self.env.step(action)
         except Exception as exc:  # noqa: BLE001
             self._restart(exc, "step")
-            obs, info = self.reset()
-            return obs, 0.0, False, True, {**info, "env_restarted": True}
+            return self.last_obs, 0.0, False, True, {"env_restarted": True}
         self._streak = 0
         self.last_obs = out[0]
         return out

@@ -320,6 +320,24 @@ def test_restarts_of_an_env_that_recovers_in_between_are_not_called_permanent():
     assert "env.max_restarts=2" in str(err.value) and "not transient" not in str(err.value)
 
 
+def test_a_failed_step_ends_the_episode_at_its_last_observation():
+    """The step that raised is a truncation at the observation the env last gave (reward 0):
+    the next observation of the rebuilt env is the first of a new episode, after a reset."""
+    from lucid.runner import Restarting
+    FlakyEnv.calls = 0
+    env = Restarting(lambda: FlakyEnv(every=3), max_restarts=2)
+    env.reset()
+    env.step(0)
+    obs, _, _, _, _ = env.step(0)
+    np.testing.assert_array_equal(obs, np.full(3, 0.02, np.float32))
+    crashed = env.step(0)  # the third call raises
+    np.testing.assert_array_equal(crashed[0], obs)
+    assert crashed[1:] == (0.0, False, True, {"env_restarted": True}) and env.restarts == 1
+    first, _ = env.reset()  # what the vector env's autoreset does next
+    np.testing.assert_array_equal(first, np.zeros(3, np.float32))
+    assert env.step(0)[0][0] == np.float32(0.01)
+
+
 class NaNEnv(FlakyEnv):
     """Returns a NaN observation at its `bad_step`-th step, while `NaNEnv.broken` is set."""
     broken = True
