@@ -376,10 +376,10 @@ class Trainer:
         d = self._made_dir
         if d is None or self._lock is None or not d.is_dir():
             return
-        ring = d / "replay" / "ring"
         files = [p for p in d.rglob("*") if not p.is_dir()]
+        # ring files: replay/ring/, replay/runner-<i>/ring/ (Ray), replay-rank<r>/ring/
         if all((p.parent == d and p.name in ("config.yaml", ckpt.RunLock.NAME))
-               or (p.parent == ring and p.suffix == ".npy") for p in files):
+               or (p.parent.name == "ring" and p.suffix == ".npy") for p in files):
             shutil.rmtree(d, ignore_errors=True)
 
     def _saved_config(self) -> tuple[Config, tuple[dict, Path] | None]:
@@ -642,27 +642,46 @@ class Trainer:
         cfg, t = self.cfg, self.cfg.train
         directory = None if self.run_dir is None else \
             self.run_dir / ("replay" if self.rank == 0 else f"replay-rank{self.rank}")
+        if self.rank > 0 and not self.run_dir.is_dir():  # rank 0 gave up a failed start: do
+            raise RuntimeError(f"the run directory {self.run_dir} is gone (rank 0 failed to "
+                               f"start; its error says why)")  # not make a stub of it
         seed = cfg.run.seed + 7919 * self.rank
         # A run loaded to evaluate or dream with (learn=False) reads its newest VIEW_STEPS
         # into memory and writes nothing: a memory-mapped ring may be a live run's.
         capacity = t.replay_capacity if self._learn else min(t.replay_capacity, VIEW_STEPS)
         kw = dict(chunk_length=t.replay_chunk, memmap=t.replay_memmap and self._learn)
         if cfg.run.runners != "ray":
-            return Replay.for_spaces(self.obs_spec, self.act_spec.dim, capacity,
-                                     cfg.env.num_envs, seed=seed, directory=directory,
-                                     max_bytes=int(t.replay_max_gb * 2**30), **kw)
-        from .replay import ReplayGroup
-        n = cfg.run.num_runners
-        parts = [Replay.for_spaces(self.obs_spec, self.act_spec.dim, capacity // n,
-                                   cfg.run.envs_per_runner, seed=seed + 1 + i,
-                                   directory=directory and directory / f"runner-{i}",
-                                   max_bytes=int(t.replay_max_gb * 2**30) // n, **kw)
-                 for i in range(n)]
-        return ReplayGroup(parts, seed)
+            replay = Replay.for_spaces(self.obs_spec, self.act_spec.dim, capacity,
+                                       cfg.env.num_envs, seed=seed, directory=directory,
+                                       max_bytes=int(t.replay_max_gb * 2**30), **kw)
+            parts = [replay]
+        else:
+            from .replay import ReplayGroup
+            n = cfg.run.num_runners
+            parts = [Replay.for_spaces(self.obs_spec, self.act_spec.dim, capacity // n,
+                                       cfg.run.envs_per_runner, seed=seed + 1 + i,
+                                       directory=directory and directory / f"runner-{i}",
+                                       max_bytes=int(t.replay_max_gb * 2**30) // n, **kw)
+                     for i in range(n)]
+            replay = ReplayGroup(parts, seed)
+        short = min(p.per_env for p in parts)
+        if self._learn and short < t.batch_length:  # no window could ever be drawn
+            streams = (f"{cfg.run.num_runners} runners x {cfg.run.envs_per_runner} envs"
+                       if cfg.run.runners == "ray" else f"env.num_envs={cfg.env.num_envs}")
+            cap = f", train.replay_max_gb={t.replay_max_gb}" if t.replay_max_gb else ""
+            raise ConfigError(
+                f"the replay keeps {short} steps per env stream (train.replay_capacity="
+                f"{t.replay_capacity:,}{cap}, {streams}), "
+                f"fewer than train.batch_length={t.batch_length}, so no update could ever "
+                f"run: raise train.replay_capacity or train.replay_max_gb, or use fewer envs")
+        return replay
 
     def _make_collector(self):
         cfg = self.cfg
-        seed = cfg.run.seed + 1000 * self.counters["updates"] + 7919 * self.rank
+        # A resumed run's envs and random actions differ from the run's start (also when
+        # it resumes during prefill, before any update)
+        seed = (cfg.run.seed + 1000 * self.counters["updates"] + self.counters["env_steps"]
+                + 7919 * self.rank)
         if cfg.run.runners == "ray":
             from .ray_runners import RayCollector
             return RayCollector(cfg, seed=seed)

@@ -451,9 +451,35 @@ def test_a_start_that_fails_after_making_its_directory_takes_it_away(tmp_path, m
     with pytest.raises(Exception, match="one instance per process"):
         Trainer(_cfg(tmp_path / "mm", env=env, train={"replay_memmap": True}))
     assert not (tmp_path / "mm").exists()
+    # and another data-parallel rank's (replay-rank1/ring/), made while this rank failed
+    rank1 = tmp_path / "mm2" / "replay-rank1" / "ring"
+    real_init = envs_for_tests.OneInstanceEnv.__init__
+
+    def init(self):
+        if envs_for_tests.OneInstanceEnv.made:  # the training copy: rank 1 attached by now
+            rank1.mkdir(parents=True, exist_ok=True)
+            np.save(rank1 / "obs__vector.npy", np.zeros(3))
+        real_init(self)
+    monkeypatch.setattr(envs_for_tests.OneInstanceEnv, "__init__", init)
+    monkeypatch.setattr(envs_for_tests.OneInstanceEnv, "made", 0)
+    with pytest.raises(Exception, match="one instance per process"):
+        Trainer(_cfg(tmp_path / "mm2", env=env, train={"replay_memmap": True}))
+    assert not (tmp_path / "mm2").exists()
+    monkeypatch.setattr(envs_for_tests.OneInstanceEnv, "__init__", real_init)
     monkeypatch.setattr(envs_for_tests.OneInstanceEnv, "made", -5)  # builds from now on
     tr = Trainer(_cfg(tmp_path / "mine", env=env))
     tr.close()
+
+
+def test_a_replay_too_small_for_one_window_is_refused_before_the_run(tmp_path):
+    """train.replay_max_gb can cap the replay below train.batch_length steps per env: no
+    update could ever run, so the start says which settings to change."""
+    step = 4 * 4 + 2 * 4 + 4 + 3  # CartPole: 4 floats, 2 actions, reward, 3 flags
+    cfg = _cfg(tmp_path, env={"num_envs": 2}, train={"replay_max_gb": (12 * step + 0.5) / 2**30})
+    with pytest.raises(ConfigError, match=r"keeps 6 steps per env stream .*replay_max_gb.*"
+                                          r"env.num_envs=2\), fewer than train.batch_length=8"
+                                          r".*raise train.replay_capacity"):
+        Trainer(cfg)
 
 
 def test_a_start_that_loses_the_lock_leaves_the_winners_directory_alone(tmp_path, monkeypatch):
