@@ -161,6 +161,16 @@ class Replay(_Locked):
         idx = (oldest + start[:, None] + np.arange(length)[None]) % self.per_env
         return env[:, None], idx
 
+    def rng_state(self) -> dict:
+        """The sampling RNG's state (for checkpoints)."""
+        return self.rng.bit_generator.state
+
+    def set_rng_state(self, state: dict) -> None:
+        self.rng.bit_generator.state = state
+
+    def reseed(self, seed) -> None:
+        self.rng = np.random.default_rng(seed)
+
     def sample(self, batch: int, length: int) -> dict[str, np.ndarray]:
         """B windows of T steps (copies: later writes do not change them)."""
         with self.lock:
@@ -299,6 +309,25 @@ class ReplayGroup(_Locked):
         for p in self.parts:
             p.flush()
 
+    def rng_state(self) -> dict:
+        """The group's RNG (which part) and each part's (which window)."""
+        return {"group": self.rng.bit_generator.state,
+                "parts": [p.rng_state() for p in self.parts]}
+
+    def set_rng_state(self, state: dict) -> None:
+        if "group" not in state:  # a checkpoint from before the parts' states were saved
+            self.rng.bit_generator.state = state
+            return
+        self.rng.bit_generator.state = state["group"]
+        for p, s in zip(self.parts, state["parts"]):
+            p.set_rng_state(s)
+
+    def reseed(self, seed) -> None:
+        seq = np.random.SeedSequence(seed)
+        self.rng = np.random.default_rng(seq)
+        for p, child in zip(self.parts, seq.spawn(len(self.parts))):
+            p.reseed(child)
+
     def restore(self, set_aside: bool = True) -> int:
         with self.lock:
             return sum(p.restore(set_aside) for p in self.parts)
@@ -370,9 +399,12 @@ class Prefetcher:
                       if background else None)
         self._next: Future | None = None
         self._wait_s, self._gets = 0.0, 0
+        self._drawn_from = None  # the replay's RNG state before the batch in flight was drawn
 
     def _load(self):
-        sample = self.replay.sample(self.batch_size, self.length)
+        with self.replay.lock:
+            self._drawn_from = self.replay.rng_state()
+            sample = self.replay.sample(self.batch_size, self.length)
         if self.stream is None:
             return to_batch(sample, self.device), None
         with torch.cuda.stream(self.stream):
@@ -390,6 +422,7 @@ class Prefetcher:
                 self._next = self._pool.submit(self._load)
             future, self._next = self._next, None
             batch, event = future.result()  # re-raises the thread's exception here
+            self._drawn_from = None  # that batch is the learner's now
             if event is not None:  # the learner's stream waits for the copy, the host doesn't
                 current = torch.cuda.current_stream(self.device)
                 current.wait_event(event)
@@ -399,6 +432,12 @@ class Prefetcher:
         self._wait_s += time.perf_counter() - t0
         self._gets += 1
         return batch
+
+    def rng_state(self) -> dict:
+        """The replay's RNG state as if no batch were in flight: a run resumed from a
+        checkpoint draws the batch that was in flight at the save as its first."""
+        with self.replay.lock:  # the thread draws under it: before or after, never during
+            return self._drawn_from if self._drawn_from is not None else self.replay.rng_state()
 
     def wait_ms(self) -> float | None:
         """Mean milliseconds `get()` kept the learner waiting since the last call (None if no

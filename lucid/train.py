@@ -296,7 +296,9 @@ class Trainer:
             saved, loaded = self._saved_config()
             # The checkpoint is read now, so that a config.yaml it does not fit is refused
             # before anything is written (it is the config-recovery path's, when that ran).
-            loaded = loaded or ckpt.load_latest(self.run_dir, set_aside=learn)
+            # Rank 0 alone renames a corrupt checkpoint (two ranks raced to); the others
+            # skip it as unreadable, or as gone once renamed, to the same previous one.
+            loaded = loaded or ckpt.load_latest(self.run_dir, set_aside=learn and self.rank == 0)
             payload, found = loaded
             check_resumable(from_yaml(payload["config"], where=f"the config stored in {found}"),
                             saved, self.run_dir / "config.yaml")
@@ -326,16 +328,18 @@ class Trainer:
         self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0,
                          "nonfinite_updates": 0, "env_restarts": 0}
         self.achievements = AchievementTracker()  # Crafter score and success rates
+        self.recent: list[float] = []  # the last 10 episodes' returns (run.target_return)
+        self._offset = 0  # updates_due's, after a resume that changed the ratio
         if resume:
             self._restore(*loaded)
         if self.dist is not None:
             self.dist.attach(self.agent)  # rank 0's parameters; gradients averaged over ranks
         self.collector = self._make_collector() if learn else None
         self._restarts_before = self.counters["env_restarts"]
-        self.recent: list[float] = []
         self._stop = False
         self.signalled: int | None = None  # SIGINT / SIGTERM that stopped the last run()
         self._batches: Prefetcher | None = None  # the learner's batch source, made by run()
+        self._sampling = False  # the replay holds a window (on every rank): _can_sample
 
     def _hold(self) -> None:
         """One training process per run directory: a learning run's rank 0 locks it (a second
@@ -396,7 +400,8 @@ class Trainer:
             raise FileNotFoundError(
                 f"{self.run_dir} is not a lucid run: it has no config.yaml and no checkpoints/"
                 + ("" if self.run_dir.is_dir() else " (the directory does not exist)"))
-        payload, found = loaded = ckpt.load_latest(self.run_dir, set_aside=self._learn)
+        payload, found = loaded = ckpt.load_latest(self.run_dir,
+                                                   set_aside=self._learn and self.rank == 0)
         print(f"note: {path} is {'empty' if path.is_file() else 'missing'}; using the config "
               f"stored in {found}")
         return from_yaml(payload["config"], where=f"the config stored in {found}"), loaded
@@ -415,25 +420,37 @@ class Trainer:
             "rng": ckpt.rng_state(),
             "replay_rng": self._replay_rng_state(),
             "replay_count": self.replay.count,
+            "schedule": self._schedule(),
+            "recent_returns": list(self.recent),
             "achievements": self.achievements.state_dict(),
             "config": to_yaml(self.cfg),
         }
         return ckpt.save_checkpoint(self.run_dir, payload, keep=self.cfg.run.keep_checkpoints)
 
     def _replay_rng_state(self) -> dict:
-        with self.replay.lock:  # not while a prefetch thread is drawing from it
-            return self.replay.rng.bit_generator.state
+        if self._batches is not None:  # not the state after the prefetched batch
+            return self._batches.rng_state()
+        with self.replay.lock:
+            return self.replay.rng_state()
 
     def _restore(self, payload: dict, path: Path) -> None:
         """The checkpoint `payload` (read on the CPU by _build) and the replay on disk."""
         self.agent.load_state_dict(payload["agent"])
         self.counters.update(payload["counters"])
-        ckpt.set_rng_state(payload["rng"])
+        self._resume_schedule(payload.get("schedule"))
+        self.recent = [float(r) for r in payload.get("recent_returns", [])]
         if "achievements" in payload:
             self.achievements.load_state_dict(payload["achievements"])
-        restored = self.replay.restore(set_aside=self._learn)
-        if self.rank == 0:  # other ranks keep their own sampling streams
-            self.replay.rng.bit_generator.state = payload["replay_rng"]
+        restored = self.replay.restore(set_aside=self._learn)  # each rank's own directory
+        if self.rank == 0:
+            ckpt.set_rng_state(payload["rng"])
+            self.replay.set_rng_state(payload["replay_rng"])
+        else:  # data-parallel: only rank 0's streams are saved; the others draw new ones,
+            # not rank 0's (nor their own start's again)
+            seq = np.random.SeedSequence([self.cfg.run.seed, self.rank,
+                                          self.counters["env_steps"]])
+            seed_everything(int(seq.generate_state(1)[0]))
+            self.replay.reseed(seq.spawn(1)[0])
         print(f"{'resumed from' if self._learn else 'loaded'} {path} at "
               f"{self.counters['env_steps']} env steps, "
               f"{self.counters['updates']} updates; replay holds {restored} steps per env")
@@ -443,13 +460,47 @@ class Trainer:
     # ------------------------------------------------------------------ loop
 
     def updates_due(self) -> int:
+        """Updates that the env steps so far call for: train_ratio replayed steps per env
+        step after prefill (from where a resume changed the ratio or the batch: `_offset`)."""
         t = self.cfg.train
         since = self.counters["env_steps"] - t.prefill
         if since <= 0:
             return 0
+        return math.floor(since * t.train_ratio / self._replayed_per_update()) + self._offset
+
+    def _replayed_per_update(self) -> int:
         # env_steps counts all ranks' steps; each update replays B·T steps on every rank
         world = self.dist.world if self.dist else 1
-        return math.floor(since * t.train_ratio / (t.batch_size * t.batch_length * world))
+        return self.cfg.train.batch_size * self.cfg.train.batch_length * world
+
+    def _schedule(self) -> dict:
+        return {"train_ratio": self.cfg.train.train_ratio,
+                "replayed_per_update": self._replayed_per_update(), "offset": self._offset}
+
+    def _resume_schedule(self, saved: dict | None) -> None:
+        """A resume that changed train.train_ratio, the batch or the number of data-parallel
+        learners continues the updates at the new ratio from the updates done, not as if
+        the whole run had had it (a burst of updates without new data, or none for long)."""
+        self._offset = saved["offset"] if saved else 0
+        now = self._schedule()
+        if saved is None or all(saved[k] == now[k] for k in ("train_ratio",
+                                                               "replayed_per_update")):
+            return
+        self._offset = 0
+        self._offset = self.counters["updates"] - self.updates_due()
+        if self.rank == 0 and self._learn:
+            print(f"note: the train ratio changed on resume (train_ratio "
+                  f"{saved['train_ratio']:g} -> {now['train_ratio']:g}, replayed steps per "
+                  f"update {saved['replayed_per_update']} -> {now['replayed_per_update']}); "
+                  f"updates go on at the new ratio from {self.counters['updates']:,}")
+
+    def _can_sample(self) -> bool:
+        """Whether the replay holds a window, on every data-parallel rank (an update is
+        collective: with Ray runners ranks fill at their own pace); once true, true."""
+        if not self._sampling:
+            ok = self.replay.can_sample(self.cfg.train.batch_length)
+            self._sampling = ok if self.dist is None else not self.dist.any(not ok)
+        return self._sampling
 
     def _handle_signal(self, signum, frame):
         if self.signalled is not None and signum == signal.SIGINT:  # a second Ctrl-C: stop
@@ -529,7 +580,7 @@ class Trainer:
                     if callback is not None:  # None goes on, any other falsy value stops
                         go_on = callback({**c, "return": ep.ret, "length": ep.length})
                         self._stop |= go_on is not None and not go_on
-                while c["updates"] < self.updates_due() and self.replay.can_sample(t.batch_length):
+                while c["updates"] < self.updates_due() and self._can_sample():
                     batch = self._batches.get()  # timed: perf/batch_wait_ms
                     metrics = self.agent.train_step(batch)
                     if metrics["train/nonfinite_steps"] > 0:  # the one value read per update

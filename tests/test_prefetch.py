@@ -146,3 +146,27 @@ def test_prefetcher_over_a_replay_group_and_errors_reach_the_learner():
     with pytest.raises(ValueError, match="fewer than the window"):
         bad.get()
     bad.close()
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_a_checkpoint_saves_the_rng_as_before_the_batch_in_flight(group):
+    """The batch drawn ahead when a checkpoint is written is the first a resumed run draws:
+    the saved state is the one before it (and for a group of Ray runners' replays, each
+    part's state too)."""
+    def replay(seed):
+        parts = [Replay(200, 2, {"reward": ((), np.float32)}, seed=seed + i) for i in range(2)]
+        for p in parts:
+            p.add_chunk({"reward": np.arange(200, dtype=np.float32)[None].repeat(2, 0)})
+        return ReplayGroup(parts, seed) if group else parts[0]
+
+    live = replay(0)
+    ahead = Prefetcher(live, 4, 8, "cpu")
+    for _ in range(3):
+        ahead.get()
+    ahead._next.result()  # the 4th batch, drawn ahead: the thread has sampled it
+    state = ahead.rng_state()
+    fourth = ahead.get()["reward"]
+    ahead.close()
+    resumed = replay(99)
+    resumed.set_rng_state(state)
+    np.testing.assert_array_equal(resumed.sample(4, 8)["reward"], fourth.numpy())

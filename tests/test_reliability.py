@@ -471,6 +471,31 @@ def test_a_start_that_fails_after_making_its_directory_takes_it_away(tmp_path, m
     tr.close()
 
 
+def test_a_resume_with_another_train_ratio_goes_on_from_the_updates_done(tmp_path, capsys):
+    """train.train_ratio raised in config.yaml before a resume: the updates go on at the new
+    ratio from the updates done (not a burst of the updates the whole run would have had)."""
+    import re
+    tr = Trainer(_cfg(tmp_path))
+    tr.run()
+    tr.close()
+    done = tr.counters["updates"]
+    assert done == (60 - 20) * 16 // 16  # (env steps - prefill) * ratio / (B * T)
+    path = tmp_path / "config.yaml"
+    text, n = re.subn(r"train_ratio: 16(\.0)?\b", "train_ratio: 64", path.read_text())
+    assert n == 1
+    path.write_text(text)
+    again = Trainer(make_config("default", run={"steps": 70}), tmp_path, resume=True)
+    assert again.updates_due() == done  # not (60 - 20) * 64 / 16 = 160
+    assert "train ratio changed on resume (train_ratio 16 -> 64" in capsys.readouterr().out
+    again.run()
+    again.close()
+    assert again.counters["updates"] == done + (70 - 60) * 64 // 16
+    third = Trainer(make_config("default", run={"steps": 70}), tmp_path, resume=True)
+    assert third.updates_due() == third.counters["updates"]  # the offset is saved
+    assert "train ratio changed" not in capsys.readouterr().out
+    third.close()
+
+
 def test_a_replay_too_small_for_one_window_is_refused_before_the_run(tmp_path):
     """train.replay_max_gb can cap the replay below train.batch_length steps per env: no
     update could ever run, so the start says which settings to change."""
