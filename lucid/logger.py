@@ -211,8 +211,9 @@ class Logger:
             return
         self._flush_eval()
         self._scalars({"episode/return": row["return"], "episode/length": row["length"]}, step)
-        self._hist["return"].append(float(row["return"]))
-        self._hist["length"].append(float(row["length"]))
+        if self.histogram_every:  # only kept to be written (and emptied) every N rows
+            self._hist["return"].append(float(row["return"]))
+            self._hist["length"].append(float(row["length"]))
 
     def metrics(self, row: dict) -> None:
         self.metrics_f.write(json.dumps(row) + "\n")

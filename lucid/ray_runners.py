@@ -200,7 +200,8 @@ class RayCollector:
         self._waited += time.time() - waited
         try:
             out = ray.get(ref)
-        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+        except ray.exceptions.RayError as exc:  # the actor died, its task raised, the chunk
+            # was lost with its node, the worker crashed: a new runner takes its place
             self._replace(i, exc)
             self._submit(i, agent, agent is None)
             return 0, []

@@ -814,7 +814,7 @@ class Trainer:
             try:
                 eps = self.evaluate(self.cfg.run.eval_episodes, explore,
                                     seed=self.cfg.run.seed + 10_000 + self.counters["env_steps"])
-            except (ValueError, KeyError, RuntimeError) as exc:
+            except Exception as exc:  # noqa: BLE001 - any error of the env's (not Ctrl-C)
                 warn(f"evaluation at {self.counters['env_steps']} env steps failed "
                      f"({type(exc).__name__}: {exc}); training goes on")
                 return
