@@ -12,8 +12,8 @@ from typing import List, NoReturn, Optional
 
 import typer
 
-from .config import (PRESETS, SIZES, Config, ConfigError, _suggest, logger_backends, make_config,
-                     to_yaml)
+from .config import (PRESETS, RESUME_SETTABLE, SIZES, Config, ConfigError, _suggest,
+                     logger_backends, make_config, to_yaml)
 from .envs import default_preset
 
 app = typer.Typer(add_completion=False, no_args_is_help=False,
@@ -67,8 +67,7 @@ def _not_applied_on_resume(env: str, overrides: List[str], **options) -> List[st
     """What a `train --resume` command line names that the saved config would override."""
     names = [] if env == DEFAULT_ENV else [f"the env {env!r}"]
     names += [f"--{k.replace('_', '-')}" for k, v in options.items() if v is not None]
-    return names + [o for o in overrides
-                    if not o.startswith(("run.steps=", "run.device="))]
+    return names + [o for o in overrides if o.split("=")[0] not in RESUME_SETTABLE]
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
@@ -115,12 +114,13 @@ def train(
             if ignored:
                 raise ConfigError(
                     f"--resume continues with {Path(resume) / 'config.yaml'}, so "
-                    f"{', '.join(ignored)} would not be applied; only --steps and --device "
-                    "are taken with --resume. Edit non-model keys in that file, or start a "
-                    "new run directory")
+                    f"{', '.join(ignored)} would not be applied; --resume takes --steps, "
+                    f"--device and these: {', '.join(RESUME_SETTABLE[2:])}. Edit non-model "
+                    "keys in that file, or start a new run directory")
             run = {"steps": steps or 0, **({"device": device} if device else {})}
             cfg = make_config("default", overrides, run=run)
-            trainer = Trainer(cfg, resume, resume=True)
+            settings = tuple(o.split("=")[0] for o in overrides)
+            trainer = Trainer(cfg, resume, resume=True, settings=settings)
         else:
             cfg = _build(env, preset, size, steps, seed, run_dir, device, overrides)
             trainer = Trainer(cfg)
@@ -162,6 +162,9 @@ def train(
                     writer.close()
     finally:
         trainer.close()
+    if trainer.stop_reason is not None and trainer.signalled is None:
+        typer.echo(f"stopped at {trainer.counters['env_steps']:,} of {trainer.cfg.run.steps:,} "
+                   f"env steps: {trainer.stop_reason}")
     typer.echo(f"done: {json.dumps(trainer.counters)}")
 
 

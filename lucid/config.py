@@ -169,7 +169,7 @@ class RunConfig:
     threads: int = 0  # torch CPU threads (0 = torch's default)
     tune_malloc: bool = True  # glibc serves every block from its heap, reused (lucid/system.py)
     progress: bool = True
-    time_limit: float = 0.0  # minutes of wall time, then stop with a checkpoint (0 = none)
+    time_limit: float = 0.0  # minutes per session (resumes get their own); 0 = no limit
     target_return: Optional[float] = None  # stop once the mean of the last 10 returns reaches it
     # Scale-out (docs/scaling.md). Env runners: "local" steps env.num_envs envs in the learner
     # process; "ray" starts num_runners Ray actors stepping envs_per_runner envs each (env.num_envs
@@ -196,6 +196,16 @@ class RunConfig:
     # "online" (needs `wandb login`) or "disabled". The WANDB_MODE environment variable wins.
     wandb_mode: str = "offline"
     histogram_every: int = 10  # metric rows between histograms of episode returns (0 = never)
+
+
+# run.* keys a resume may change (`lucid train --resume DIR run.time_limit=30`): how far and
+# how a session runs, not what the checkpoint and replay hold
+RESUME_SETTABLE = ("run.steps", "run.device", "run.log_every", "run.eval_every",
+                   "run.eval_episodes", "run.checkpoint_minutes", "run.checkpoint_every",
+                   "run.keep_checkpoints", "run.video_every", "run.videos", "run.threads",
+                   "run.tune_malloc", "run.progress", "run.time_limit", "run.target_return",
+                   "run.histogram_every", "run.logger", "run.wandb_mode", "run.ray_address",
+                   "run.dist_check_every")
 
 
 @dataclass

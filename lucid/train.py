@@ -15,6 +15,7 @@ import math
 import random
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -25,7 +26,8 @@ import yaml
 
 from . import checkpoint as ckpt
 from .agent import Agent
-from .config import Config, ConfigError, as_dict, flatten, from_yaml, make_config, to_yaml
+from .config import (RESUME_SETTABLE, Config, ConfigError, as_dict, flatten, from_yaml,
+                     make_config, to_yaml)
 from .envs import (INSTANCE_PREFIX, ActionSpec, ObsSpec, env_fn, env_label, is_file_id,
                    make_env, resolve_env_id)
 from .envs.crafter import AchievementTracker
@@ -265,10 +267,10 @@ class Trainer:
     """Owns the agent, replay, collector and counters of one run directory."""
 
     def __init__(self, cfg: Config, run_dir: Path | str | None = None, resume: bool = False,
-                 learn: bool = True, env: str | None = None):
+                 learn: bool = True, env: str | None = None, settings: tuple[str, ...] = ()):
         """A new run in `run_dir` (or cfg.run.run_dir, else a fresh directory under runs/),
-        or with `resume` the run saved there, continued with `cfg`'s run.steps and
-        run.device. `learn=False` loads a run to evaluate or dream with: its config.yaml
+        or with `resume` the run saved there, continued with `cfg`'s run.steps (when not 0)
+        and run.device, and `cfg`'s values of the `settings` keys (of RESUME_SETTABLE). `learn=False` loads a run to evaluate or dream with: its config.yaml
         stays as it is and no env runners start (without `resume`, there is no run
         directory: an agent to act and evaluate with). `env` (with `resume`) replaces the
         saved env id: a run on an env instance (Dreamer(MyEnv())) continues with the
@@ -281,13 +283,14 @@ class Trainer:
         self._lock: ckpt.RunLock | None = None  # a learning rank 0's, from _hold() to close()
         self._made_dir: Path | None = None  # the new run's directory, where this start made it
         try:
-            self._build(cfg, run_dir or cfg.run.run_dir, resume, learn, env)
+            self._build(cfg, run_dir or cfg.run.run_dir, resume, learn, env, settings)
         except BaseException:
             self._discard_failed_start()  # while the lock still keeps other processes out
             self._release()
             raise
 
-    def _build(self, cfg: Config, given, resume: bool, learn: bool, env: str | None) -> None:
+    def _build(self, cfg: Config, given, resume: bool, learn: bool, env: str | None,
+               settings: tuple[str, ...]) -> None:
         if resume:
             self.run_dir = Path(given)
             if self.dist is not None:
@@ -304,7 +307,13 @@ class Trainer:
                             saved, self.run_dir / "config.yaml")
             if env is not None:
                 saved.env.id = env
-            saved.run.steps = max(saved.run.steps, cfg.run.steps) if cfg.run.steps else saved.run.steps
+            saved.run.steps = cfg.run.steps or saved.run.steps
+            for key in settings:
+                if key not in RESUME_SETTABLE:
+                    raise ConfigError(f"{key} cannot be changed on resume (these can: "
+                                      f"{', '.join(RESUME_SETTABLE)})")
+                section, name = key.split(".", 1)
+                setattr(getattr(saved, section), name, getattr(getattr(cfg, section), name))
             load_here(saved, cfg.run.device)
             cfg = saved
         cfg.env.id = resolve_env_id(cfg.env.id)  # path/to/file.py:Env from any directory
@@ -316,7 +325,7 @@ class Trainer:
         elif not resume:
             self.run_dir = self._new_run_dir(Path(given) if given else None)
             self._hold()
-        if self.rank == 0 and learn:
+        if self.rank == 0 and learn and not resume:  # a resume's, once its checkpoint loaded
             self.write_config()
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
@@ -332,12 +341,15 @@ class Trainer:
         self._offset = 0  # updates_due's, after a resume that changed the ratio
         if resume:
             self._restore(*loaded)
+            if self.rank == 0 and learn:  # run.steps and settings: only a resume that worked
+                self.write_config()
         if self.dist is not None:
             self.dist.attach(self.agent)  # rank 0's parameters; gradients averaged over ranks
         self.collector = self._make_collector() if learn else None
         self._restarts_before = self.counters["env_restarts"]
         self._stop = False
         self.signalled: int | None = None  # SIGINT / SIGTERM that stopped the last run()
+        self.stop_reason: str | None = None  # why the last run() ended before run.steps
         self._batches: Prefetcher | None = None  # the learner's batch source, made by run()
         self._sampling = False  # the replay holds a window (on every rank): _can_sample
 
@@ -508,6 +520,7 @@ class Trainer:
         if self.signalled is not None:  # SIGTERM again: a launcher (make, timeout, a
             return  # scheduler) that signals a whole process group reaches a run twice
         self._stop = True
+        self.stop_reason = signal.Signals(signum).name
         self.signalled = signum  # for the caller: `lucid train` reports it and exits 128 + N
 
     def run(self, callback=None) -> Path:
@@ -534,9 +547,14 @@ class Trainer:
                         purge_after=self._purge_logs_after) \
             if self.rank == 0 else _QuietLogger()
         self._purge_logs_after = None
+        # Ctrl-C and SIGTERM stop with a checkpoint; Python lets only the main thread handle
+        # signals (learn() on another thread: a GUI, Ray Tune), so elsewhere they do not
+        main = threading.current_thread() is threading.main_thread()
         old_handlers = {s: signal.signal(s, self._handle_signal)
-                        for s in (signal.SIGINT, signal.SIGTERM)}
+                        for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
         start = time.time() - c["wall_time"]
+        self._session_start = time.time()  # run.time_limit counts from here
+        self.stop_reason = None
         last_log = last_ckpt = time.time()
         last_ckpt_steps = c["env_steps"]
         bad_in_row = 0
@@ -552,7 +570,7 @@ class Trainer:
         next_video = (c["env_steps"] // cfg.run.video_every + 1) * cfg.run.video_every \
             if cfg.run.video_every else None
         try:
-            while c["env_steps"] < cfg.run.steps and not self._stopping(start):
+            while c["env_steps"] < cfg.run.steps and not self._stopping():
                 policy = None if c["env_steps"] < t.prefill else self.agent
                 try:
                     n, finished = self._collect(policy)
@@ -579,7 +597,8 @@ class Trainer:
                                     "eval": False})
                     if callback is not None:  # None goes on, any other falsy value stops
                         go_on = callback({**c, "return": ep.ret, "length": ep.length})
-                        self._stop |= go_on is not None and not go_on
+                        if go_on is not None and not go_on:
+                            self._stop, self.stop_reason = True, "the callback returned False"
                 while c["updates"] < self.updates_due() and self._can_sample():
                     batch = self._batches.get()  # timed: perf/batch_wait_ms
                     metrics = self.agent.train_step(batch)
@@ -754,19 +773,25 @@ class Trainer:
             n = int(self.dist.sum(n))
         return n, finished
 
-    def _stopping(self, start: float) -> bool:
+    def _stopping(self) -> bool:
         """Stop on a signal, the callback, the time limit or the target return; data-parallel
         ranks stop together when any of them would."""
-        stop = self._stop or self._done(start)
+        stop = self._stop or self._done()
         return self.dist.any(stop) if self.dist is not None else stop
 
-    def _done(self, start: float) -> bool:
-        """Stop early on the run's time limit or once the target return is reached."""
+    def _done(self) -> bool:
+        """Stop early on the time limit of this session (a resumed run gets its own) or once
+        the target return is reached; `stop_reason` says which."""
         run = self.cfg.run
-        if run.time_limit and time.time() - start >= run.time_limit * 60:
+        if run.time_limit and time.time() - self._session_start >= run.time_limit * 60:
+            self.stop_reason = f"run.time_limit={run.time_limit:g} minutes reached"
             return True
-        return (run.target_return is not None and len(self.recent) >= 10
-                and float(np.mean(self.recent)) >= run.target_return)
+        if (run.target_return is not None and len(self.recent) >= 10
+                and float(np.mean(self.recent)) >= run.target_return):
+            self.stop_reason = (f"run.target_return={run.target_return:g} reached (mean of "
+                                f"the last 10 episodes {float(np.mean(self.recent)):.4g})")
+            return True
+        return False
 
     def _row(self, sums, n, dt, log_steps, log_updates) -> dict:
         c = self.counters

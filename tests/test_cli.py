@@ -94,12 +94,26 @@ def test_train_then_eval_then_resume(tmp_path):
     assert r.exit_code == 2, r.output
     assert "train.train_ratio=64" in r.output and "--seed" in r.output
     assert (tmp_path / "config.yaml").read_text() == before
+    # run.* keys of how a session runs are taken (written to config.yaml with --steps)
     r = runner.invoke(app, ["train", "--resume", str(tmp_path), "--steps", "60",
-                            "--device", "cpu"])
+                            "--device", "cpu", "run.eval_episodes=7", "run.time_limit=30"])
     assert r.exit_code == 0, r.output
     last = json.loads((tmp_path / "metrics.jsonl").read_text().strip().splitlines()[-1])
     assert last["env_steps"] == 60
-    assert "device: cpu" in (tmp_path / "config.yaml").read_text()  # --device is taken
+    saved = (tmp_path / "config.yaml").read_text()
+    assert "device: cpu" in saved and "eval_episodes: 7" in saved and "time_limit: 30" in saved
+    # a resume that fails (here: a checkpoint of another model) writes nothing
+    ckpts = sorted((tmp_path / "checkpoints").glob("*.pt"))
+    state = torch.load(ckpts[-1], weights_only=True)
+    module, params = next(iter(state["agent"]["modules"].items()))
+    first = next(iter(params))
+    params[first] = torch.zeros(3, 3)
+    torch.save(state, tmp_path / "other.pt")
+    (tmp_path / "other.pt").replace(tmp_path / "checkpoints" / "ckpt-999999999999.pt")
+    r = runner.invoke(app, ["train", "--resume", str(tmp_path), "--steps", "3000"])
+    assert r.exit_code == 2 and first in r.output, r.output
+    assert (tmp_path / "config.yaml").read_text() == saved  # steps: 60 still
+    (tmp_path / "checkpoints" / "ckpt-999999999999.pt").unlink()
     # a run that has its steps already says so and trains nothing
     r = runner.invoke(app, ["train", "--resume", str(tmp_path)])
     assert r.exit_code == 0 and "has its 60 env steps already" in r.output, r.output

@@ -76,3 +76,45 @@ def test_config_rejects_unknown_keys_with_a_suggestion():
     with pytest.raises(ConfigError, match=r"train.batch_size >= 1 .*\(got train.batch_size=0, "
                                           r"train.batch_length=64\)"):  # the values given
         make_config("default", ["train.batch_size=0"])
+
+
+def test_the_time_limit_counts_each_session_and_the_reason_is_given(tmp_path):
+    """run.time_limit stops a session with a checkpoint, and a resumed run gets a session of
+    its own (it used to count the whole run's wall time, so a resume stopped at once)."""
+    cfg = _cfg(tmp_path, train={"prefill": 10**6},  # random actions only: fast steps
+               run={"steps": 10**6, "time_limit": 0.5 / 60})
+    tr = Trainer(cfg)
+    tr.run()
+    tr.close()
+    first = tr.counters["env_steps"]
+    assert 0 < first < 10**6 and tr.stop_reason == "run.time_limit=0.00833333 minutes reached"
+    again = Trainer(make_config("default", run={"steps": 10**6}), tmp_path, resume=True)
+    again.run()
+    again.close()
+    assert again.counters["env_steps"] > first and again.counters["wall_time"] >= 0.9
+
+
+def test_a_run_learns_on_a_thread_other_than_the_main_one(tmp_path):
+    """learn() from a worker thread (a GUI, Ray Tune's function trainables): Python lets only
+    the main thread install signal handlers, so there it trains without them."""
+    import signal
+    import threading
+    before = signal.getsignal(signal.SIGINT)
+    out = {}
+
+    def work():
+        tr = Trainer(_cfg(tmp_path))
+        try:
+            tr.run()
+            out["counters"] = dict(tr.counters)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            out["error"] = exc
+        finally:
+            tr.close()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert "error" not in out, out.get("error")
+    assert out["counters"]["env_steps"] == 60 and out["counters"]["updates"] > 0
+    assert signal.getsignal(signal.SIGINT) is before
