@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -111,20 +112,29 @@ class Dreamer:
         """Train for `total_env_steps` more env steps. `callback(info)` is called after every
         finished training episode with a dict of the counters, `return` and `length`;
         returning a false value (False, 0, np.False_; not None) stops learning (with a
-        checkpoint)."""
+        checkpoint). Ctrl-C or SIGTERM stops it with a checkpoint too, then reaches the
+        program as it would have (KeyboardInterrupt for Ctrl-C). After close(), learn()
+        continues the run from its last checkpoint."""
         if isinstance(total_env_steps, float) and total_env_steps.is_integer():
             total_env_steps = int(total_env_steps)  # learn(1e5)
         if not isinstance(total_env_steps, numbers.Integral) or isinstance(total_env_steps, bool) \
                 or total_env_steps < 0:
             raise ValueError(f"learn() takes a whole number of env steps >= 0, got "
                              f"{total_env_steps!r}")
-        if self.trainer.collector is None:  # made or loaded to act with: its run starts now
+        if self.trainer.closed and self.trainer._learn:  # a run close()d: go on from its
+            self._reopen()                               # last checkpoint
+        elif self.trainer.collector is None:  # made or loaded to act with: its run starts now
             self._start_run()
         self.trainer.cfg.run.steps = self.trainer.counters["env_steps"] + int(total_env_steps)
         # config.yaml says how far this run goes, as for `lucid train --steps`, so a resume
         # from the command line without --steps stops where this learn() would have
         self.trainer.write_config()
         self.trainer.run(callback=callback)
+        if self.trainer.signalled is not None:  # saved: now the program's own handling
+            print(f"interrupted at {self.trainer.counters['env_steps']:,} of "
+                  f"{self.trainer.cfg.run.steps:,} env steps; a checkpoint is in "
+                  f"{self.trainer.run_dir}")
+            signal.raise_signal(self.trainer.signalled)
         return self
 
     @property
@@ -229,6 +239,15 @@ class Dreamer:
         self.trainer.counters.update(payload.get("counters", {}))
         self.agent = self.trainer.agent
         return self
+
+    def _reopen(self) -> None:
+        """The run of a learning agent that was closed, resumed from its last checkpoint
+        (written when its learn() ended) with its replay and the directory's lock."""
+        closed = self.trainer
+        self.trainer = Trainer(make_config("default", run={"steps": 0,
+                                                           "device": closed.cfg.run.device}),
+                               closed.run_dir, resume=True)
+        self.cfg, self.agent = self.trainer.cfg, self.trainer.agent
 
     def _start_run(self) -> None:
         """The run of an agent made or loaded to act with: a directory (run_dir, else a

@@ -279,6 +279,7 @@ class Trainer:
         self.dist = distributed.DataParallel(cfg.run.device) if distributed.launched() else None
         self.rank = self.dist.rank if self.dist else 0
         self._learn = learn
+        self.closed = False  # by close(): a learning run's envs and lock are gone
         self._purge_logs_after: int | None = None  # a resumed run's logs past its checkpoint
         self._lock: ckpt.RunLock | None = None  # a learning rank 0's, from _hold() to close()
         self._made_dir: Path | None = None  # the new run's directory, where this start made it
@@ -698,11 +699,14 @@ class Trainer:
         return err
 
     def close(self) -> None:
+        """Close the env runners, leave the process group, release the directory's lock."""
         if self.collector is not None:
             self.collector.close()
+            self.collector = None
         if self.dist is not None:
             self.dist.close()
         self._release()
+        self.closed = True
 
     # ------------------------------------------------------------------ scale-out
 

@@ -140,6 +140,12 @@ def test_dreamer_api_learn_predict_save_load(tmp_path, monkeypatch):
     again.learn(10)
     assert again.trainer.counters["env_steps"] == 70 and list_checkpoints(tmp_path / "run2")
     again.close()
+    # learn() after close(): the run goes on from its checkpoint, with its lock again
+    again.learn(10)
+    assert again.trainer.counters["env_steps"] == 80 and again.trainer.collector is not None
+    with pytest.raises(Exception, match="in use by another Trainer"):  # held once more
+        Dreamer.load(tmp_path / "run2", resume=True)
+    again.close()
     agent.close()
     # saved from a GPU run with its CUDA graph, loaded on a machine without one: on this CPU
     payload = torch.load(tmp_path / "a.pt", weights_only=True)
@@ -274,3 +280,27 @@ def test_an_env_instance_trains_on_one_copy_unless_more_are_asked_for(tmp_path):
         assert agent.cfg.env.num_envs == 3
         agent.learn(12)
         assert agent.trainer.collector.n == 3
+
+
+def test_ctrl_c_during_learn_saves_then_reaches_the_program(tmp_path):
+    """SIGINT in learn(): a checkpoint at the step it stopped, then the program's own
+    handling of Ctrl-C (KeyboardInterrupt), not a quiet return."""
+    import os
+    import signal
+    agent = Dreamer("CartPole-v1", size="nano", preset="cpu-control", run__device="cpu",
+                    run_dir=tmp_path / "run", train__prefill=10**6)
+    sent = []
+
+    def interrupt(info):
+        if not sent:
+            sent.append(info["env_steps"])
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        agent.learn(10**6, callback=interrupt)
+    steps = agent.trainer.counters["env_steps"]
+    assert sent and steps < 10**6 and agent.trainer.signalled == signal.SIGINT
+    agent.close()
+    again = Dreamer.load(tmp_path / "run", resume=True)
+    assert again.trainer.counters["env_steps"] == steps  # the checkpoint is at the stop
+    again.close()
