@@ -656,6 +656,40 @@ def test_a_module_next_to_an_env_file_that_imports_it_gets_the_same_classes(tmp_
     assert sys.modules["json"] is json
 
 
+def test_gymnasium_module_colon_id_makes_the_env_the_module_registers(tmp_path, monkeypatch):
+    """`my_reg:my_reg/Grid-v0`, as gym.make takes it: the module registers the id on import
+    (gym.register), and the registered env is made with its own time limit, or ours."""
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    monkeypatch.setattr(gym.envs.registration, "registry", dict(gym.registry))
+    monkeypatch.setattr(gym, "registry", gym.envs.registration.registry)
+    (tmp_path / "my_reg.py").write_text(
+        "import gymnasium as gym\n"
+        "class Grid(gym.Env):\n"
+        "    observation_space = gym.spaces.Box(0, 1, (2,))\n"
+        "    action_space = gym.spaces.Discrete(3)\n"
+        "gym.register('my_reg/Grid-v0', entry_point=Grid, max_episode_steps=7)\n")
+    env = make_env("my_reg:my_reg/Grid-v0")
+    assert type(env.unwrapped).__name__ == "Grid" and env.spec.max_episode_steps == 7
+    assert make_env("my_reg:my_reg/Grid-v0", max_episode_steps=3).spec.max_episode_steps == 3
+    with pytest.raises(UnknownEnvError, match="did not register the gymnasium id "
+                       "'my_reg/Grid-v9'; did you mean my_reg/Grid-v0"):
+        make_env("my_reg:my_reg/Grid-v9")
+
+
+def test_a_missing_import_of_an_env_module_is_told_from_a_missing_module(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    (tmp_path / "with_dep.py").write_text("import no_such_dependency_xyz\n")
+    with pytest.raises(UnknownEnvError, match="it imports 'no_such_dependency_xyz', which is "
+                                              "not installed"):
+        make_env("with_dep:Env")
+    with pytest.raises(UnknownEnvError, match="No module named 'no_such_module_xyz' "
+                                              r"\(modules are imported from the current"):
+        make_env("no_such_module_xyz:Env")
+
+
 def test_an_env_file_with_dots_in_its_name_pickles_and_a_missing_class_is_named(tmp_path,
                                                                                monkeypatch):
     """The file is imported under a module name pickle can import again (`my.env.py` has

@@ -12,6 +12,7 @@
     module.path:EnvClass            your own env class, or
     module.path:make_fn             a function returning a gymnasium.Env
     path/to/file.py:EnvClass        the same from a Python file (kept as an absolute path)
+    module.path:my/Env-v0           gymnasium's syntax: an id the module registers on import
 
 Suite options go as keyword arguments: `make_env("atari:Pong", gray=True, sticky=0.0)`.
 A suite whose optional package is missing raises `MissingExtraError` naming the pip extra.
@@ -221,8 +222,12 @@ def _import_attr(spec: str):
             raise AttributeError(f"{module.__file__} defines no {attr!r}")
         return getattr(module, attr)
     module, _, name = spec.partition(":")
+    return getattr(_import_module(module), name)
+
+
+def _import_module(module: str):
     try:
-        mod = importlib.import_module(module)
+        return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         # `lucid train my_envs:MyEnv` from a project directory: console scripts do not put
         # the working directory on sys.path the way `python -m` does, so try it too.
@@ -231,11 +236,29 @@ def _import_attr(spec: str):
             raise
         sys.path.insert(0, cwd)
         try:
-            mod = importlib.import_module(module)
+            return importlib.import_module(module)
         except ImportError:
             sys.path.remove(cwd)
             raise
-    return getattr(mod, name)
+
+
+def _registered_by(spec: str) -> str | None:
+    """gymnasium's `module:EnvId` (as `gym.make` takes it): the gymnasium id that importing
+    the module (or file) registers; None where `spec` names one of its attributes."""
+    found = _file_id(spec)
+    name = found[1] if found else spec.partition(":")[2]
+    if name.isidentifier():  # an env class or a function (lucid's module:attr)
+        return None
+    try:
+        _import_file(found[0]) if found else _import_module(spec.partition(":")[0])
+    except Exception:  # noqa: BLE001 - _user_env imports it again and names the error
+        return None
+    if name not in gym.registry:
+        close = difflib.get_close_matches(name, list(gym.registry), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise UnknownEnvError(f"{spec!r}: importing {spec.rpartition(':')[0]} did not "
+                              f"register the gymnasium id {name!r}{hint}")
+    return name
 
 
 INSTANCE_PREFIX = "lucid.api:_env_instance_"  # + "<n>_<class>": an env instance given to Dreamer
@@ -276,6 +299,13 @@ def _user_env(spec: str, **kwargs) -> gym.Env:
                 f"which no other process can rebuild; load it with "
                 f"Dreamer.load(path, env={cls}(...))") from None
         suites = ", ".join(f"{p}:" for p in SUITES)
+        module = spec.partition(":")[0]
+        missing = getattr(exc, "name", None) or ""
+        if isinstance(exc, ModuleNotFoundError) and _file_id(spec) is None \
+                and not (module + ".").startswith(missing + "."):
+            raise UnknownEnvError(  # found the env's module: one of its imports is missing
+                f"cannot load environment {spec!r}: it imports {missing!r}, which is not "
+                f"installed in this environment (pip install it)") from exc
         if isinstance(exc, ModuleNotFoundError) and _file_id(spec) is None:
             exc = f"{exc} (modules are imported from the current directory and PYTHONPATH: " \
                   f"run from the directory that holds it, add that to PYTHONPATH, or name " \
@@ -323,10 +353,13 @@ def make_env(env_id: str, max_episode_steps: int | None = None, render_mode: str
     if render_mode:
         kwargs["render_mode"] = render_mode
     if ":" in env_id and env_id not in gym.registry:
-        env = _user_env(env_id, **kwargs)
-        if max_episode_steps:
-            env = gym.wrappers.TimeLimit(env, max_episode_steps)
-        return env
+        registered = _registered_by(env_id)
+        if registered is None:
+            env = _user_env(env_id, **kwargs)
+            if max_episode_steps:
+                env = gym.wrappers.TimeLimit(env, max_episode_steps)
+            return env
+        env_id = registered  # imported, so registered: gym.make below
     if env_id.startswith("ALE/") and env_id not in gym.registry:
         from .atari import _register
         _register()
