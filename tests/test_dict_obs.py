@@ -161,7 +161,8 @@ def test_box_actions_take_the_spaces_dtype_and_integer_boxes_the_nearest_integer
 
 def test_image_like_spaces_in_another_layout_are_refused_with_the_wrapper_to_use():
     cases = [((3, 64, 64), "channel-first image"), ((64, 64), "without a channel axis"),
-             ((64, 64, 5), "5 channels")]
+             ((64, 64, 5), "5 channels"), ((4, 64, 64, 3), "4 stacked frames"),
+             ((4, 84, 84), "drop the stacking")]
     for shape, message in cases:  # as vectors they would be 12,288-wide MLP inputs
         try:
             ObsSpec.from_space(gym.spaces.Box(0, 255, shape, np.uint8))
@@ -176,6 +177,8 @@ def test_image_like_spaces_in_another_layout_are_refused_with_the_wrapper_to_use
         assert "empty Dict" in str(exc)
     else:
         raise AssertionError("an empty Dict was accepted")
+    with pytest.raises(TypeError, match="stacked frames"):  # floats too
+        ObsSpec.from_space(gym.spaces.Box(0.0, 1.0, (4, 64, 64, 1), np.float32))
 
 
 def test_observation_keys_may_share_names_with_step_fields():

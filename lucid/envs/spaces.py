@@ -49,8 +49,13 @@ def _is_image(space: gym.spaces.Box) -> bool:
 
 
 def _looks_like_a_misshaped_image(space: gym.spaces.Box) -> str | None:
-    """Why a uint8 Box that is not H x W x C (C <= 4) looks like an image, or None."""
+    """Why a Box that is not H x W x C (C <= 4) looks like an image (uint8, or frames of any
+    dtype stacked on a first axis), or None."""
     s = space.shape
+    if len(s) == 4 and s[-1] <= 4 and min(s[1:3]) >= 16:
+        return (f"{s[0]} stacked frames {s}: DreamerV3 needs no frame stacking (its recurrent "
+                f"state carries the past), so drop the FrameStackObservation wrapper and give "
+                f"one H x W x C frame per step")
     if space.dtype != np.uint8:
         return None
     if len(s) == 2 and min(s) >= 16:
@@ -58,7 +63,9 @@ def _looks_like_a_misshaped_image(space: gym.spaces.Box) -> str | None:
                 f"with gymnasium.wrappers.ReshapeObservation(env, {(*s, 1)})")
     if len(s) == 3 and s[0] <= 4 and min(s[1:]) >= 16:
         return (f"a channel-first image {s}: lucid takes H x W x C, so transpose it, e.g. "
-                f"with gymnasium.wrappers.TransformObservation and np.moveaxis(obs, 0, -1)")
+                f"with gymnasium.wrappers.TransformObservation and np.moveaxis(obs, 0, -1) "
+                f"(if these are stacked frames, drop the stacking instead: DreamerV3's "
+                f"recurrent state carries the past)")
     if len(s) == 3 and s[2] > 4 and min(s[:2]) >= 16:
         return (f"an image {s} with {s[2]} channels: lucid's image encoder takes at most 4; "
                 f"split it into Dict keys of at most 4 channels each")
