@@ -44,7 +44,7 @@ class EnvConfig:
     id: str = "CartPole-v1"
     num_envs: int = 1
     asynchronous: bool = False  # gymnasium AsyncVectorEnv (one process per env) instead of Sync
-    max_episode_steps: Optional[int] = None  # override of the env's own time limit
+    max_episode_steps: Optional[int] = None  # replaces a registered id's limit; wraps others
     max_restarts: int = 10  # an env raising in step/reset is rebuilt up to this many times
     # Suite settings or a custom env's keyword arguments, e.g. env.kwargs.gray=true for Atari
     # (docs/environments.md lists them per suite).

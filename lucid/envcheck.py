@@ -91,7 +91,8 @@ def check(cfg: Config, steps: int, echo) -> None:
 
     env = make_env(cfg.env.id, cfg.env.max_episode_steps, **cfg.env.kwargs)
     try:
-        ends, returns, low, high = _rollout(env, obs_spec, act_spec, steps, cfg.run.seed, label)
+        ends, returns, low, high, outside = _rollout(env, obs_spec, act_spec, steps,
+                                                     cfg.run.seed, label)
     finally:
         env.close()
     echo(f"random actions, {steps} steps: {_n(ends, 'episode')} ended, rewards in "
@@ -99,22 +100,30 @@ def check(cfg: Config, steps: int, echo) -> None:
     if not ends:
         echo(f"note: no episode ended in {steps} random steps; if episodes never end, give "
              f"env.max_episode_steps (a run needs ends to report returns)")
+    if outside is not None:
+        echo(f"note: the observation of random step {outside} is not in the observation "
+             f"space (values beyond a Box's bounds?): lucid trains on it as it is (vectors "
+             f"go through symlog), but the space is wrong about the env")
     echo("videos: " + ("yes (frames from the image observations)" if obs_spec.images
                        else _frames(cfg)))
 
 
 def _rollout(env, obs_spec: ObsSpec, act_spec: ActionSpec, steps: int, seed: int, label: str):
     """`steps` random steps of `env`, each action through lucid's model space and back;
-    returns (episodes ended, their returns, lowest and highest reward). Raises ValueError
+    returns (episodes ended, their returns, lowest and highest reward, the first step whose
+    observation the space does not contain but a run takes, or None). Raises ValueError
     naming the step of the first problem: an env that raises, an observation that a run
     would refuse, a reward that is not a finite number."""
     batches = gym.vector.utils.batch_space(env.action_space, 1)  # as a vector env's
     batches.seed(seed)
     ends, returns, ret, low, high = 0, [], 0.0, np.inf, -np.inf
-    t, what = 0, "reset()"
+    t, what, outside = 0, "reset()", None
 
     def fits(obs):  # the checks a run makes of every observation
+        nonlocal outside
         _fits(label, obs_spec, env.observation_space, obs, "observation")
+        if outside is None and not env.observation_space.contains(obs):
+            outside = t
 
     try:
         obs, _ = env.reset(seed=seed)
@@ -138,7 +147,7 @@ def _rollout(env, obs_spec: ObsSpec, act_spec: ActionSpec, steps: int, seed: int
     except Exception as exc:  # noqa: BLE001 - named with its step
         raise ValueError(f"{label} at random step {t} ({what}): {type(exc).__name__}: "
                          f"{exc}") from None
-    return ends, returns, low, high
+    return ends, returns, low, high, outside
 
 
 def _frames(cfg: Config) -> str:

@@ -292,8 +292,8 @@ import numpy as np
 
 
 class LaterNaN(gym.Env):
-    """Fine at reset and the first steps; a NaN observation at step 7, or an exception at
-    step `crash` (5-step episodes)."""
+    """Fine at reset and the first steps but step 3 (beyond the bounds); a NaN observation at
+    step 7, or an exception at step `crash` (5-step episodes)."""
     total = 0
     observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
     action_space = gym.spaces.Dict({"turn": gym.spaces.Discrete(2),
@@ -312,7 +312,8 @@ class LaterNaN(gym.Env):
         self.t, self.total = self.t + 1, self.total + 1
         if self.total == self.crash:
             raise RuntimeError("crashed")
-        obs = np.full(3, np.nan if self.total == 7 else 0.5, np.float32)
+        obs = np.full(3, np.nan if self.total == 7 else 5.0 if self.total == 3 else 0.5,
+                      np.float32)  # 5: beyond the Box's bounds, which a run takes
         return obs, 1.0, False, self.t % 5 == 0, {}
 '''
 
@@ -332,6 +333,7 @@ def test_check_describes_the_env_and_finds_what_a_run_would_fail_on(tmp_path, mo
                  "videos: yes (frames from the image observations)",
                  "ok: lucid can train on examples.custom_env:MyEnv"):
         assert line in r.output, (line, r.output)
+    assert "not in the observation space" not in r.output
     (tmp_path / "later_nan.py").write_text(NAN_ENV)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the file's directory joins it
     r = runner.invoke(app, ["check", f"{tmp_path}/later_nan.py:LaterNaN", "--steps", "6"])
@@ -339,6 +341,7 @@ def test_check_describes_the_env_and_finds_what_a_run_would_fail_on(tmp_path, mo
     assert "speed: Normal over 2 dims in [-1, 1], rescaled to [0, 4] (model dims 2..3)" \
         in r.output and "turn: categorical over 2 classes (model dims 0..1)" in r.output
     assert "random actions, 6 steps: 1 episode ended, rewards in [1, 1]" in r.output
+    assert "note: the observation of random step 3 is not in the observation space" in r.output
     assert "videos: no (" in r.output and "render_mode" in r.output
     r = runner.invoke(app, ["check", f"{tmp_path}/later_nan.py:LaterNaN"])
     assert r.exit_code == 2  # as for every refused input
