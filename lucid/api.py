@@ -35,8 +35,19 @@ def _instance_factory(name: str):
     it (the start-up check's, which is closed after one step, the training env's and each
     evaluation env's) is a fresh deep copy of the instance as it was given, never reset,
     stepped or closed."""
-    def make(**kwargs):
-        return copy.deepcopy(_INSTANCES[name])
+    def make(render_mode=None, **kwargs):
+        if kwargs:
+            raise TypeError(f"env.kwargs {sorted(kwargs)} cannot apply to an env instance, "
+                            f"which is copied as it was given: make the instance with them, "
+                            f"or pass the env by name ('module.path:EnvClass') with env__kwargs")
+        env = copy.deepcopy(_INSTANCES[name])
+        if render_mode is not None and env.render_mode != render_mode:
+            env.close()
+            raise TypeError(f"videos of an env with vector observations need its render() "
+                            f"frames, and this env instance was made with render_mode="
+                            f"{env.render_mode!r}: make it with render_mode={render_mode!r}, "
+                            f"or run without videos (run__videos=False)")
+        return env
     return make
 
 

@@ -280,6 +280,13 @@ def test_an_env_instance_trains_on_one_copy_unless_more_are_asked_for(tmp_path):
         assert agent.cfg.env.num_envs == 3
         agent.learn(12)
         assert agent.trainer.collector.n == 3
+    # kwargs cannot reach a copy of an instance; videos of one made without rgb_array say how
+    with pytest.raises(TypeError, match=r"env.kwargs \['sutton_barto_reward'\] cannot apply"):
+        Dreamer(env, size="nano", env__kwargs={"sutton_barto_reward": True})
+    from lucid.envs import make_env
+    with pytest.raises(TypeError, match="made with render_mode=None: make it with "
+                                        "render_mode='rgb_array'"):
+        make_env(Dreamer(env, size="nano").cfg.env.id, render_mode="rgb_array")
 
 
 def test_ctrl_c_during_learn_saves_then_reaches_the_program(tmp_path):
