@@ -58,6 +58,13 @@ def _register_instance(env) -> str:
     return f"{__name__}:{name}"
 
 
+def _adopt_instance(name: str, env) -> None:
+    """The instance registered as `name` in another process, here too (env_fn sends it)."""
+    if name not in _INSTANCES:
+        _INSTANCES[name] = env
+        globals()[name] = _instance_factory(name)
+
+
 def _env_id(env) -> str:
     """The config's env.id of an env name or instance (instances are registered here)."""
     if not isinstance(env, gym.Env):

@@ -289,6 +289,20 @@ def test_an_env_instance_trains_on_one_copy_unless_more_are_asked_for(tmp_path):
         make_env(Dreamer(env, size="nano").cfg.env.id, render_mode="rgb_array")
 
 
+def test_an_env_instance_reaches_env_processes_started_without_fork():
+    """AsyncVectorEnv under forkserver (Python 3.14's default on Linux; spawn on macOS and
+    Windows): the child cannot look the instance up in this process, so it travels with
+    the env constructor."""
+    from lucid.envs import env_fn
+    agent = Dreamer(gym.make("CartPole-v1"), size="nano", preset="cpu-control")
+    envs = gym.vector.AsyncVectorEnv([env_fn(agent.cfg.env.id, 50)] * 2, context="forkserver")
+    try:
+        obs, _ = envs.reset(seed=0)
+        assert obs.shape == (2, 4) and envs.step(np.array([0, 1]))[0].shape == (2, 4)
+    finally:
+        envs.close()
+
+
 def test_ctrl_c_during_learn_saves_then_reaches_the_program(tmp_path):
     """SIGINT in learn(): a checkpoint at the step it stopped, then the program's own
     handling of Ctrl-C (KeyboardInterrupt), not a quiet return."""

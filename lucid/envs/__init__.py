@@ -393,5 +393,19 @@ def make_env(env_id: str, max_episode_steps: int | None = None, render_mode: str
 
 def env_fn(env_id: str, max_episode_steps: int | None = None, **options: Any
            ) -> Callable[[], gym.Env]:
-    """A picklable zero-argument constructor (for vector envs, also AsyncVectorEnv)."""
+    """A picklable zero-argument constructor (for vector envs, also AsyncVectorEnv). An env
+    instance given to Dreamer travels with it: a process started without fork (spawn,
+    forkserver: macOS, Windows, Python 3.14's default on Linux; Ray) cannot look it up."""
+    if env_id.startswith(INSTANCE_PREFIX):
+        api = sys.modules.get("lucid.api")
+        instance = api and api._INSTANCES.get(env_id.partition(":")[2])
+        if instance is not None:
+            return functools.partial(_from_instance, env_id, instance, max_episode_steps,
+                                     options)
     return functools.partial(make_env, env_id, max_episode_steps, **options)
+
+
+def _from_instance(env_id: str, instance: gym.Env, max_episode_steps, options) -> gym.Env:
+    from .. import api  # in a spawned process: the instance is registered there too
+    api._adopt_instance(env_id.partition(":")[2], instance)
+    return make_env(env_id, max_episode_steps, **options)
