@@ -15,6 +15,7 @@ import typer
 from .config import (PRESETS, RESUME_SETTABLE, SIZES, Config, ConfigError, _suggest,
                      logger_backends, make_config, to_yaml)
 from .envs import default_preset
+from .warn import raised_at
 
 app = typer.Typer(add_completion=False, no_args_is_help=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -42,9 +43,13 @@ DEFAULT_ENV = "CartPole-v1"
 
 
 def _fail(message) -> NoReturn:
-    """Print a one-line error (the message names the problem and the fix) and exit 2."""
-    typer.secho(f"error: {message}", fg="red", err=True)
+    """Print a one-line error (the message names the problem and the fix) and exit 2; an
+    error raised in the user's own code (an env's __init__, say) also says where."""
+    where = raised_at(message) if isinstance(message, BaseException) else None
+    typer.secho(f"error: {message}" + (f" (raised at {where})" if where else ""), fg="red",
+                err=True)
     raise typer.Exit(2)
+
 
 
 def _build(env: str, preset: Optional[str], size: Optional[str], steps: Optional[int],

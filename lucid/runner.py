@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .envs.spaces import ActionSpec, ObsSpec
-from .warn import warn
+from .warn import raised_at, warn
 
 
 EVAL_MAX_STEPS = 100_000  # per evaluation episode: beyond it the env has no time limit
@@ -48,9 +48,11 @@ class Restarting(gym.Wrapper):
             hint = "" if failed < 1 else (
                 f"; {which} raised before completing a step, so the fault is not transient: "
                 f"fix the env (env.max_restarts=0 stops at its first error)")
+            at = raised_at(exc)
             raise EnvError(f"the environment raised in {where} more than "
                            f"env.max_restarts={self.max_restarts} times; last error: "
-                           f"{type(exc).__name__}: {exc}{hint}") from exc
+                           f"{type(exc).__name__}: {exc}" + (f" (at {at})" if at else "")
+                           + hint) from exc
         print(f"warning: the environment raised in {where} ({type(exc).__name__}: {exc}); "
               f"restarting it ({self.restarts}/{self.max_restarts})", flush=True)
         try:

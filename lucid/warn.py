@@ -37,3 +37,20 @@ def show_plainly(echo) -> None:
         else:
             plain(message, category, filename, lineno, file, line)
     warnings.showwarning = show
+
+
+def raised_at(exc: BaseException) -> str | None:
+    """file:line in function of the innermost frame of `exc` in the user's code (not lucid,
+    not an installed package or the standard library), unless lucid raised it itself: where
+    to look when an env or a callback of the user's fails."""
+    import traceback
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames or os.path.abspath(frames[-1].filename).startswith(_PACKAGE):
+        return None  # lucid's own message names the problem
+    installed = tuple(os.path.abspath(p) + os.sep
+                      for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith((_PACKAGE, *installed)) and not frame.filename.startswith("<"):
+            return f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return None

@@ -300,7 +300,7 @@ class LaterNaN(gym.Env):
                                     "speed": gym.spaces.Box(0, 4, (2,), np.float32)})
 
     def __init__(self, crash=0):
-        self.crash = crash
+        self.crash = crash + 0  # a TypeError for crash=None
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -349,3 +349,8 @@ def test_check_describes_the_env_and_finds_what_a_run_would_fail_on(tmp_path, mo
     assert "NaN" in r.output
     r = runner.invoke(app, ["check", f"{tmp_path}/later_nan.py:LaterNaN", "env.kwargs.crash=4"])
     assert r.exit_code == 2 and "at random step 4 (step()): RuntimeError: crashed" in r.output
+    # a bug in the env's constructor is named with where it is
+    r = runner.invoke(app, ["check", f"{tmp_path}/later_nan.py:LaterNaN",
+                            "env.kwargs.crash=null"])
+    assert r.exit_code == 2, r.output
+    assert "raised at " in r.output and "later_nan.py:" in r.output and "in __init__" in r.output

@@ -303,9 +303,10 @@ def test_crashing_env_is_restarted_and_training_goes_on(tmp_path, capsys):
 def test_env_that_keeps_crashing_stops_the_run_with_a_clear_error(tmp_path):
     cfg = _cfg(tmp_path, env={"id": "test_reliability:make_broken", "max_restarts": 3})
     tr = Trainer(cfg)
-    with pytest.raises(RuntimeError, match="env.max_restarts=3 times; last error: RuntimeError: "
-                       "simulator crashed; each of the last 3 rebuilt envs raised before "
-                       "completing a step, so the fault is not transient"):
+    with pytest.raises(RuntimeError, match=r"env.max_restarts=3 times; last error: RuntimeError: "
+                       r"simulator crashed \(at \S+test_reliability.py:\d+ in step\); each of "
+                       r"the last 3 rebuilt envs raised before completing a step, so the "
+                       r"fault is not transient"):
         tr.run()
     tr.close()
 
