@@ -206,9 +206,16 @@ class Dreamer:
         return [e.ret for e in self.trainer.evaluate(episodes, explore=not deterministic)]
 
     def save(self, path: str | Path) -> None:
+        """The agent (weights, optimisers, config, counters) in one file, for `load`; its
+        directory is made if missing."""
+        path = Path(path)
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a directory; save() writes one file: give a "
+                                    f"file name, e.g. {path / 'agent.pt'}")
+        path.parent.mkdir(parents=True, exist_ok=True)
         atomic_torch_save({"format_version": FORMAT_VERSION, "config": to_yaml(self.cfg),
                            "agent": self.agent.state_dict(),
-                           "counters": dict(self.trainer.counters)}, Path(path))
+                           "counters": dict(self.trainer.counters)}, path)
 
     def close(self) -> None:
         """Close the envs and release the run directory (which a Dreamer holds from its

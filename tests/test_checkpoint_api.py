@@ -131,7 +131,10 @@ def test_dreamer_api_learn_predict_save_load(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="a bool or 2 bools"):
         agent.predict(pair, s1, episode_start=[1, 0, 1])
     agent.save(tmp_path / "a.pt")
-    again = Dreamer.load(tmp_path / "a.pt", run_dir=tmp_path / "run2")
+    with pytest.raises(IsADirectoryError, match="give a file name"):
+        agent.save(tmp_path)
+    agent.save(tmp_path / "new" / "dir" / "a.pt")  # its directory is made
+    again = Dreamer.load(tmp_path / "new" / "dir" / "a.pt", run_dir=tmp_path / "run2")
     a2, _ = again.predict(obs, deterministic=True)
     assert int(a2) == int(action)
     for p, q in zip(agent.agent.wm.parameters(), again.agent.wm.parameters()):
