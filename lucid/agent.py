@@ -323,8 +323,9 @@ class Agent:
                 if theirs[name].shape != tensor.shape:
                     raise ValueError(
                         f"checkpoint does not match this agent: {k}.{name} has shape "
-                        f"{tuple(theirs[name].shape)} there but {tuple(tensor.shape)} here; "
-                        f"use the same model size and observation/action spaces")
+                        f"{tuple(theirs[name].shape)} there but {tuple(tensor.shape)} here "
+                        f"({_follows(k, name)}); use the same model size and "
+                        f"observation/action spaces")
             m.load_state_dict(theirs)
         for k, o in self.optimizers().items():
             o.load_state_dict(state["optimizers"][k])
@@ -419,3 +420,12 @@ class GraphedUpdate:
         _copy_into(self.batch, batch)
         self.graph.replay()
         return dict(zip(self.keys, self.values.clone().unbind()))
+
+
+def _follows(module: str, name: str) -> str:
+    """What a parameter's shape follows, for a checkpoint that does not fit."""
+    if "encoder" in name or "decoder" in name:
+        return "its size follows the observation space"
+    if module == "actor" or name.startswith("seq_in"):  # the RSSM's input: z and the action
+        return "its size follows the action space and the model size"
+    return "its size follows the model size"

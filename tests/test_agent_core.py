@@ -921,3 +921,14 @@ def test_only_the_box_part_of_a_mixed_action_enters_the_rssm_clipped():
     inside = torch.tensor([[0.0, 1.0, 0.0, 0.5, -0.25], [1.0, 0.0, 0.0, -0.5, 0.5]])
     want = wm.gru(wm.seq_in(torch.cat([z.flatten(-2), inside], -1)), h)
     torch.testing.assert_close(wm.sequence(h, z, a), want)
+
+
+def test_a_checkpoint_of_other_spaces_is_refused_naming_what_differs():
+    saved = Agent(VEC, DISCRETE, cfg()).state_dict()
+    other_obs = Agent(ObsSpec(vectors={"vector": 5}), DISCRETE, cfg())
+    with pytest.raises(ValueError, match=r"encoder.* has shape \(16, 4\) there but \(16, 5\) "
+                                         r"here \(its size follows the observation space\)"):
+        other_obs.load_state_dict(saved)
+    other_act = Agent(VEC, ActionSpec.from_space(gym.spaces.Discrete(3)), cfg())
+    with pytest.raises(ValueError, match=r"follows the action space and the model size"):
+        other_act.load_state_dict(saved)
