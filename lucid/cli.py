@@ -173,9 +173,16 @@ def train(
     typer.echo(f"done: {json.dumps(trainer.counters)}")
 
 
-def _load_run(run_dir: str):
-    """Trainer of an existing run (newest checkpoint and its replay), without env runners."""
+def _load_run(run_dir: str, file_ok: bool = False):
+    """Trainer of an existing run (newest checkpoint and its replay), without env runners;
+    with `file_ok`, also of an agent file that `Dreamer.save` wrote (no replay)."""
     from .train import Trainer
+    if file_ok and Path(run_dir).is_file():
+        from .api import Dreamer
+        try:
+            return Dreamer.load(run_dir).trainer
+        except (ConfigError, ValueError, TypeError, ImportError) as exc:
+            _fail(exc)
     try:
         return Trainer(make_config("default", run={"steps": 0}), run_dir, resume=True,
                        learn=False)
@@ -184,17 +191,21 @@ def _load_run(run_dir: str):
 
 
 @app.command("eval")
-def eval_cmd(run_dir: str, episodes: int = typer.Option(10), sampled: bool = False,
+def eval_cmd(run_dir: str = typer.Argument(..., help="a run directory, or an agent file "
+                                                     "from Dreamer.save"),
+             episodes: int = typer.Option(10), sampled: bool = False,
              video: bool = typer.Option(False, help="also save a video of every episode to "
                                                     "RUN_DIR/videos/"),
-             video_format: str = typer.Option("mp4", "--format", help="mp4 or gif")):
+             video_format: str = typer.Option("mp4", "--format", help="mp4 or gif"),
+             seed: Optional[int] = typer.Option(None, help="the evaluation envs' first seed "
+                                                "(default: run.seed + 10000)")):
     """Evaluate the newest checkpoint of RUN_DIR (greedy policy unless --sampled)."""
     if episodes < 1:
         _fail(f"--episodes must be >= 1, got {episodes}")
     if video:
-        return _eval_video(run_dir, episodes, sampled, video_format)
-    trainer = _load_run(run_dir)
-    eps = trainer.evaluate(episodes, explore=sampled)
+        return _eval_video(run_dir, episodes, sampled, video_format, seed)
+    trainer = _load_run(run_dir, file_ok=True)
+    eps = trainer.evaluate(episodes, explore=sampled, seed=seed)
     if not eps:
         _fail("no evaluation episode ended (see the warning above): give the env a time "
               "limit, e.g. edit env.max_episode_steps in the run's config.yaml")
@@ -249,21 +260,25 @@ def _unused(paths: list[Path]) -> list[Path]:
             return names
 
 
-def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str):
-    """`lucid eval --video`: the episodes are run in a rendering env, one video each."""
+def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str,
+                seed: int | None):
+    """`lucid eval --video`: the episodes are run in a rendering env, one video each (in
+    RUN_DIR/videos/, or beside an agent file)."""
     from .runner import EVAL_MAX_STEPS
     from .video import record_episodes
     if video_format not in ("mp4", "gif"):
         _fail(f"--format must be mp4 or gif, got {video_format!r}")
-    trainer = _load_run(run_dir)
+    trainer = _load_run(run_dir, file_ok=True)
     cfg = trainer.cfg
     steps = trainer.counters["env_steps"]
-    paths = [str(p) for p in _unused([Path(run_dir) / "videos" / f"eval-{steps:09d}-ep{i}."
+    where = Path(run_dir).parent if Path(run_dir).is_file() else Path(run_dir)
+    paths = [str(p) for p in _unused([where / "videos" / f"eval-{steps:09d}-ep{i}."
                                       f"{video_format}" for i in range(episodes)])]
     try:
         recs = record_episodes(trainer.agent, cfg.env.id, episodes, cfg.env.max_episode_steps,
                                env_kwargs=dict(cfg.env.kwargs),
-                               explore=sampled, seed=cfg.run.seed + 10_000, paths=paths,
+                               explore=sampled, paths=paths,
+                               seed=cfg.run.seed + 10_000 if seed is None else seed,
                                max_steps=EVAL_MAX_STEPS)
     except TypeError as exc:  # an env without render_mode
         _fail(exc)

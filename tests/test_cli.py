@@ -84,6 +84,15 @@ def test_train_then_eval_then_resume(tmp_path):
     out = json.loads(r.output.strip().splitlines()[-1])
     assert out["episodes"] == 2 and len(out["returns"]) == 2
     assert "device: cuda" in (tmp_path / "config.yaml").read_text()  # eval changes no file
+    # an agent file from Dreamer.save evaluates too; a seed gives the same episodes again
+    from lucid import Dreamer
+    with Dreamer.load(tmp_path, device="cpu") as agent:
+        agent.save(tmp_path.parent / "agent.pt")
+    outs = [runner.invoke(app, ["eval", str(tmp_path.parent / "agent.pt"), "--episodes", "2",
+                                "--seed", "5"]) for _ in range(2)]
+    assert all(o.exit_code == 0 for o in outs), outs[0].output
+    first, second = (json.loads(o.output.strip().splitlines()[-1]) for o in outs)
+    assert first["episodes"] == 2 and first["returns"] == second["returns"]
     # a second run in the same directory is refused, and the first one's files stay
     r = runner.invoke(app, args)
     assert r.exit_code == 2 and "already holds a run" in r.output and "--resume" in r.output
