@@ -93,30 +93,45 @@ def config_key(run: Run) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in run.config.items() if k not in IGNORED_KEYS))
 
 
-def group_runs(runs: Sequence[Run]) -> dict[str, list[Run]]:
+def group_runs(runs: Sequence[Run], names: Sequence[str] | None = None
+               ) -> dict[str, list[Run]]:
     """Group runs by config (ignoring seed and run directory); label each group by the config
-    keys that differ between groups (or by the env id when there is one group)."""
+    keys that differ between groups (or by the env when there is one group), or by `names`,
+    one per group in the order of their first runs."""
     groups: dict[tuple, list[Run]] = {}
     for r in runs:
         groups.setdefault(config_key(r), []).append(r)
     keys = list(groups)
+    if names is not None and len(names) != len(keys):
+        raise ValueError(f"{len(names)} label(s) for {len(keys)} group(s) of runs (runs of one "
+                         f"config, seeds aside, form a group); give one --label per group")
     differing = sorted({k for key in keys for k, _ in key
                         if len({dict(other).get(k) for other in keys}) > 1})
     labels: dict[str, list[Run]] = {}
-    for key in keys:
+    shown = sorted(differing, key=lambda k: k != "env.id")  # the env first, then 2 more
+    for i, key in enumerate(keys):
         cfg = dict(key)
-        if len(keys) == 1 or not differing:
-            label = str(groups[key][0].config.get("env.id", groups[key][0].path.name))
-        else:  # the env first, then at most three other keys
-            keys = sorted(differing, key=lambda k: k != "env.id")
-            label = ", ".join(f"{k}={_unrepr(cfg.get(k))}" for k in keys[:3])
-            label += f", +{len(keys) - 3} more" if len(keys) > 3 else ""
+        if names is not None:
+            label = names[i]
+        elif len(keys) == 1 or not differing:
+            env = groups[key][0].config.get("env.id")
+            label = _env(env) if env is not None else groups[key][0].path.name
+        else:
+            label = ", ".join(_env(cfg.get(k)) if k == "env.id" else f"{k}={_unrepr(cfg.get(k))}"
+                              for k in shown[:3])
+            label += f", +{len(shown) - 3} more" if len(shown) > 3 else ""
         n = len(groups[key])
         label = f"{label} ({n} seed{'s' if n != 1 else ''})"
         while label in labels:
             label += "'"
         labels[label] = groups[key]
     return labels
+
+
+def _env(v) -> str:
+    """An env id as runs are named (my_env.py:MyEnv, not its absolute path)."""
+    from .envs import env_label
+    return env_label(_unrepr(v))
 
 
 def _unrepr(v) -> str:
@@ -162,8 +177,10 @@ def group_curve(runs: Sequence[Run], x: str = "env_steps", window: int = 10,
 
 
 def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_steps",
-              band: str = "minmax", window: int = 10, title: str | None = None) -> Path:
-    """Write a PNG of the learning curves of `run_dirs` (one curve per config) to `out`."""
+              band: str = "minmax", window: int = 10, title: str | None = None,
+              labels: Sequence[str] | None = None) -> Path:
+    """Write a PNG of the learning curves of `run_dirs` (one curve per config) to `out`;
+    `labels` name the curves (one per config, in the order of their first runs)."""
     if x not in X_KEYS:
         raise ValueError(f"x must be one of {', '.join(X_KEYS)}, got {x!r}")
     if band not in ("minmax", "std"):
@@ -178,7 +195,7 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_ste
         raise ValueError(f"no finished episodes to plot in {names} yet (episodes.jsonl lists "
                          f"episodes as they end); train longer, or give env.max_episode_steps "
                          f"to an env whose episodes are very long")
-    groups = group_runs(runs)
+    groups = group_runs(runs, labels)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (label, members) in enumerate(groups.items()):
         colour = f"C{i % 10}"

@@ -267,7 +267,12 @@ def test_plot_groups_seeds_of_one_config(runs, tmp_path):
         cfg = cfg.replace(old, new)
     (far / "config.yaml").write_text(cfg)
     labels = list(group_runs([load_run(runs[0]), load_run(far)]))
-    assert all(lab.startswith("env.id=") and ", +2 more (1 seed)" in lab for lab in labels), labels
+    assert [lab.split(",")[0] for lab in labels] == ["CartPole-v1", "Pendulum-v1"], labels
+    assert all(", +2 more (1 seed)" in lab for lab in labels), labels
+    named = list(group_runs([load_run(runs[0]), load_run(far)], ["ours", "theirs"]))
+    assert named == ["ours (1 seed)", "theirs (1 seed)"]
+    with pytest.raises(ValueError, match="1 label.* for 2 group"):
+        group_runs([load_run(runs[0]), load_run(far)], ["ours"])
     grid, mean, low, high, count = group_curve(two)
     ok = count == 2
     assert ok.any() and np.all(low[ok] <= mean[ok] + 1e-9) and np.all(mean[ok] <= high[ok] + 1e-9)
