@@ -91,6 +91,22 @@ def restarting(make: Callable[[], gym.Env], max_restarts: int) -> Callable[[], g
 class Episode:
     ret: float
     length: int
+    info: dict = field(default_factory=dict)  # the env's info of its last step
+
+
+def env_info(info: dict, i: int) -> dict:
+    """Env `i`'s entries of a vector env's batched info (those its `_key` masks mark)."""
+    out = {}
+    for k, v in info.items():
+        mask = info.get(f"_{k}")
+        if k.startswith("_") or (mask is not None and not mask[i]):
+            continue
+        try:
+            v = env_info(v, i) if isinstance(v, dict) else v[i]
+        except (TypeError, IndexError, KeyError):  # not batched as gymnasium batches infos
+            continue
+        out[k] = v.item() if isinstance(v, np.generic) else v
+    return out
 
 
 @dataclass
@@ -139,8 +155,9 @@ class Collector:
                       is_last=self.is_last, is_terminal=self.is_terminal)
 
         finished = []
-        for i in np.flatnonzero(self.is_last):
-            finished.append(Episode(float(self.ep_return[i]), int(self.ep_length[i])))
+        for i in np.flatnonzero(self.is_last):  # self.info: that last step's
+            finished.append(Episode(float(self.ep_return[i]), int(self.ep_length[i]),
+                                    env_info(self.info, i)))
         self.ep_return[self.is_last] = 0.0
         self.ep_length[self.is_last] = 0
 

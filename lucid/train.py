@@ -597,7 +597,8 @@ class Trainer:
                                     "length": ep.length, "wall_time": time.time() - start,
                                     "eval": False})
                     if callback is not None:  # None goes on, any other falsy value stops
-                        go_on = callback({**c, "return": ep.ret, "length": ep.length})
+                        go_on = callback({**c, "return": ep.ret, "length": ep.length,
+                                          "info": ep.info})
                         if go_on is not None and not go_on:
                             self._stop, self.stop_reason = True, "the callback returned False"
                 while c["updates"] < self.updates_due() and self._can_sample():

@@ -306,6 +306,40 @@ def test_an_env_instance_reaches_env_processes_started_without_fork():
         envs.close()
 
 
+class _Success(gym.Env):
+    """3-step episodes whose last step's info says whether it succeeded (odd episodes)."""
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.n = 0, getattr(self, "n", -1) + 1
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        info = {"success": self.n % 2 == 1, "at": {"t": self.t}} if self.t == 3 else {}
+        return np.zeros(2, np.float32), 0.0, self.t == 3, False, info
+
+
+def test_the_callback_gets_each_episodes_last_info():
+    """info of the step that ended the episode, that env's own entries of the vector env's
+    batched info (two envs; masks say which env an entry belongs to)."""
+    from lucid.runner import env_info
+    batched = {"success": np.array([False, True]), "_success": np.array([False, True]),
+               "at": {"t": np.array([0, 3]), "_t": np.array([False, True])},
+               "_at": np.array([False, True])}
+    assert env_info(batched, 1) == {"success": True, "at": {"t": 3}}
+    assert env_info(batched, 0) == {}
+    seen = []
+    with Dreamer(_Success(), size="nano", preset="cpu-control", env__num_envs=2,
+                 train__prefill=10**6) as agent:
+        agent.learn(24, callback=lambda info: seen.append(info["info"]))
+    # 12 steps per env: 3 episodes of 3 steps, each followed by its reset step
+    assert len(seen) == 6 and all(i["at"] == {"t": 3} for i in seen)
+    assert sorted(i["success"] for i in seen) == [False] * 4 + [True] * 2
+
+
 def test_ctrl_c_during_learn_saves_then_reaches_the_program(tmp_path):
     """SIGINT in learn(): a checkpoint at the step it stopped, then the program's own
     handling of Ctrl-C (KeyboardInterrupt), not a quiet return."""
