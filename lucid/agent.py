@@ -426,6 +426,8 @@ def _follows(module: str, name: str) -> str:
     """What a parameter's shape follows, for a checkpoint that does not fit."""
     if "encoder" in name or "decoder" in name:
         return "its size follows the observation space"
+    if name.startswith("post_mlp"):  # the encoder's output (image sizes) and h
+        return "its size follows the observation space and the model size"
     if module == "actor" or name.startswith("seq_in"):  # the RSSM's input: z and the action
         return "its size follows the action space and the model size"
     return "its size follows the model size"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import numbers
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +154,8 @@ class Dreamer:
         if self.trainer.signalled is not None:  # saved: now the program's own handling
             print(f"interrupted at {self.trainer.counters['env_steps']:,} of "
                   f"{self.trainer.cfg.run.steps:,} env steps; a checkpoint is in "
-                  f"{self.trainer.run_dir}")
+                  f"{self.trainer.run_dir}", flush=True)
+            sys.stderr.flush()  # a default SIGTERM ends the process without flushing
             signal.raise_signal(self.trainer.signalled)
         return self
 

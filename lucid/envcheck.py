@@ -101,9 +101,9 @@ def check(cfg: Config, steps: int, echo) -> None:
         echo(f"note: no episode ended in {steps} random steps; if episodes never end, give "
              f"env.max_episode_steps (a run needs ends to report returns)")
     if outside is not None:
-        echo(f"note: the observation of random step {outside} is not in the observation "
-             f"space (values beyond a Box's bounds?): lucid trains on it as it is (vectors "
-             f"go through symlog), but the space is wrong about the env")
+        echo(f"note: the observation of random step {outside} lies beyond its Box's bounds: "
+             f"lucid trains on it as it is (vectors go through symlog), but the space is "
+             f"wrong about the env")
     echo("videos: " + ("yes (frames from the image observations)" if obs_spec.images
                        else _frames(cfg)))
 
@@ -111,7 +111,7 @@ def check(cfg: Config, steps: int, echo) -> None:
 def _rollout(env, obs_spec: ObsSpec, act_spec: ActionSpec, steps: int, seed: int, label: str):
     """`steps` random steps of `env`, each action through lucid's model space and back;
     returns (episodes ended, their returns, lowest and highest reward, the first step whose
-    observation the space does not contain but a run takes, or None). Raises ValueError
+    observation lies beyond a Box's bounds, which a run takes, or None). Raises ValueError
     naming the step of the first problem: an env that raises, an observation that a run
     would refuse, a reward that is not a finite number."""
     batches = gym.vector.utils.batch_space(env.action_space, 1)  # as a vector env's
@@ -122,7 +122,7 @@ def _rollout(env, obs_spec: ObsSpec, act_spec: ActionSpec, steps: int, seed: int
     def fits(obs):  # the checks a run makes of every observation
         nonlocal outside
         _fits(label, obs_spec, env.observation_space, obs, "observation")
-        if outside is None and not env.observation_space.contains(obs):
+        if outside is None and _beyond(env.observation_space, obs):
             outside = t
 
     try:
@@ -149,6 +149,19 @@ def _rollout(env, obs_spec: ObsSpec, act_spec: ActionSpec, steps: int, seed: int
                          f"{exc}") from None
     return ends, returns, low, high, outside
 
+
+
+def _beyond(space: gym.Space, obs) -> bool:
+    """Whether a Box part of `obs` lies beyond its bounds (values only: a float64 array for a
+    float32 Box is not beyond them)."""
+    if isinstance(space, gym.spaces.Dict):
+        return any(_beyond(sub, obs[k]) for k, sub in space.spaces.items())
+    if isinstance(space, gym.spaces.Tuple):
+        return any(_beyond(sub, o) for sub, o in zip(space.spaces, obs))
+    if isinstance(space, gym.spaces.Box):
+        x = np.asarray(obs, np.float64)
+        return bool(np.any((x < space.low) | (x > space.high)))
+    return False
 
 def _frames(cfg: Config) -> str:
     """Whether the env renders rgb_array frames (what videos need), in words."""

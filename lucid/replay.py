@@ -323,10 +323,10 @@ class ReplayGroup(_Locked):
             p.set_rng_state(s)
 
     def reseed(self, seed) -> None:
-        seq = np.random.SeedSequence(seed)
+        seq = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
         self.rng = np.random.default_rng(seq)
-        for p, child in zip(self.parts, seq.spawn(len(self.parts))):
-            p.reseed(child)
+        for i, p in enumerate(self.parts):  # children by key, not spawn(), which counts calls
+            p.reseed(np.random.SeedSequence(seq.entropy, spawn_key=(*seq.spawn_key, i)))
 
     def restore(self, set_aside: bool = True) -> int:
         with self.lock:

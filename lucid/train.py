@@ -270,9 +270,10 @@ class Trainer:
                  learn: bool = True, env: str | None = None, settings: tuple[str, ...] = ()):
         """A new run in `run_dir` (or cfg.run.run_dir, else a fresh directory under runs/),
         or with `resume` the run saved there, continued with `cfg`'s run.steps (when not 0)
-        and run.device, and `cfg`'s values of the `settings` keys (of RESUME_SETTABLE). `learn=False` loads a run to evaluate or dream with: its config.yaml
-        stays as it is and no env runners start (without `resume`, there is no run
-        directory: an agent to act and evaluate with). `env` (with `resume`) replaces the
+        and run.device, and `cfg`'s values of the `settings` keys (of RESUME_SETTABLE).
+        `learn=False` loads a run to evaluate or dream with: its config.yaml stays as it is
+        and no env runners start (without `resume`, there is no run directory: an agent to
+        act and evaluate with). `env` (with `resume`) replaces the
         saved env id: a run on an env instance (Dreamer(MyEnv())) continues with the
         instance given again."""
         # Data-parallel learners (torchrun): rank 0's run directory is everyone's.
@@ -342,11 +343,13 @@ class Trainer:
         self._offset = 0  # updates_due's, after a resume that changed the ratio
         if resume:
             self._restore(*loaded)
-            if self.rank == 0 and learn:  # run.steps and settings: only a resume that worked
-                self.write_config()
         if self.dist is not None:
             self.dist.attach(self.agent)  # rank 0's parameters; gradients averaged over ranks
         self.collector = self._make_collector() if learn else None
+        # A resume's run.steps and settings, once it has started (a failed one writes
+        # nothing) and where it goes on (a --steps below the steps done trains nothing)
+        if resume and learn and self.rank == 0 and cfg.run.steps > self.counters["env_steps"]:
+            self.write_config()
         self._restarts_before = self.counters["env_restarts"]
         self._stop = False
         self.signalled: int | None = None  # SIGINT / SIGTERM that stopped the last run()
@@ -717,9 +720,6 @@ class Trainer:
         cfg, t = self.cfg, self.cfg.train
         directory = None if self.run_dir is None else \
             self.run_dir / ("replay" if self.rank == 0 else f"replay-rank{self.rank}")
-        if self.rank > 0 and not self.run_dir.is_dir():  # rank 0 gave up a failed start: do
-            raise RuntimeError(f"the run directory {self.run_dir} is gone (rank 0 failed to "
-                               f"start; its error says why)")  # not make a stub of it
         seed = cfg.run.seed + 7919 * self.rank
         # A run loaded to evaluate or dream with (learn=False) reads its newest VIEW_STEPS
         # into memory and writes nothing: a memory-mapped ring may be a live run's.

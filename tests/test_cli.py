@@ -123,9 +123,13 @@ def test_train_then_eval_then_resume(tmp_path):
     assert r.exit_code == 2 and first in r.output, r.output
     assert (tmp_path / "config.yaml").read_text() == saved  # steps: 60 still
     (tmp_path / "checkpoints" / "ckpt-999999999999.pt").unlink()
-    # a run that has its steps already says so and trains nothing
+    # a run that has its steps already says so and trains nothing; a --steps below them
+    # changes no file
     r = runner.invoke(app, ["train", "--resume", str(tmp_path)])
     assert r.exit_code == 0 and "has its 60 env steps already" in r.output, r.output
+    r = runner.invoke(app, ["train", "--resume", str(tmp_path), "--steps", "30"])
+    assert r.exit_code == 0 and "has its 30 env steps already" in r.output, r.output
+    assert (tmp_path / "config.yaml").read_text() == saved
     assert json.loads((tmp_path / "metrics.jsonl").read_text().strip().splitlines()[-1]) == last
     # a run directory inside a file is one line, not a traceback
     (tmp_path.parent / "afile").write_text("")
@@ -342,7 +346,7 @@ def test_check_describes_the_env_and_finds_what_a_run_would_fail_on(tmp_path, mo
                  "videos: yes (frames from the image observations)",
                  "ok: lucid can train on examples.custom_env:MyEnv"):
         assert line in r.output, (line, r.output)
-    assert "not in the observation space" not in r.output
+    assert "beyond its Box's bounds" not in r.output
     (tmp_path / "later_nan.py").write_text(NAN_ENV)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the file's directory joins it
     r = runner.invoke(app, ["check", f"{tmp_path}/later_nan.py:LaterNaN", "--steps", "6"])
@@ -350,7 +354,7 @@ def test_check_describes_the_env_and_finds_what_a_run_would_fail_on(tmp_path, mo
     assert "speed: Normal over 2 dims in [-1, 1], rescaled to [0, 4] (model dims 2..3)" \
         in r.output and "turn: categorical over 2 classes (model dims 0..1)" in r.output
     assert "random actions, 6 steps: 1 episode ended, rewards in [1, 1]" in r.output
-    assert "note: the observation of random step 3 is not in the observation space" in r.output
+    assert "note: the observation of random step 3 lies beyond its Box's bounds" in r.output
     assert "videos: no (" in r.output and "render_mode" in r.output
     r = runner.invoke(app, ["check", f"{tmp_path}/later_nan.py:LaterNaN"])
     assert r.exit_code == 2  # as for every refused input
@@ -363,3 +367,14 @@ def test_check_describes_the_env_and_finds_what_a_run_would_fail_on(tmp_path, mo
                             "env.kwargs.crash=null"])
     assert r.exit_code == 2, r.output
     assert "raised at " in r.output and "later_nan.py:" in r.output and "in __init__" in r.output
+
+
+def test_check_notes_values_beyond_a_box_not_another_dtype():
+    import gymnasium as gym
+    import numpy as np
+
+    from lucid.envcheck import _beyond
+    box = gym.spaces.Box(-1, 1, (3,), np.float32)
+    assert not _beyond(box, np.zeros(3))  # float64 values within a float32 Box
+    assert _beyond(gym.spaces.Dict({"a": gym.spaces.Discrete(2), "b": box}),
+                   {"a": 1, "b": np.array([0.0, 1.5, 0.0])})

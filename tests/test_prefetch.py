@@ -170,3 +170,9 @@ def test_a_checkpoint_saves_the_rng_as_before_the_batch_in_flight(group):
     resumed = replay(99)
     resumed.set_rng_state(state)
     np.testing.assert_array_equal(resumed.sample(4, 8)["reward"], fourth.numpy())
+    # ranks > 0 of a data-parallel resume reseed theirs from a SeedSequence
+    for seed in (np.random.SeedSequence([0, 1, 96]), [0, 1, 96]):
+        resumed.reseed(seed)
+        again = resumed.sample(4, 8)["reward"]
+        resumed.reseed(seed)
+        np.testing.assert_array_equal(resumed.sample(4, 8)["reward"], again)

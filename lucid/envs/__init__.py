@@ -301,11 +301,11 @@ def _user_env(spec: str, **kwargs) -> gym.Env:
         suites = ", ".join(f"{p}:" for p in SUITES)
         module = spec.partition(":")[0]
         missing = getattr(exc, "name", None) or ""
-        if isinstance(exc, ModuleNotFoundError) and _file_id(spec) is None \
+        if isinstance(exc, ModuleNotFoundError) and _file_id(spec) is None and missing \
                 and not (module + ".").startswith(missing + "."):
             raise UnknownEnvError(  # found the env's module: one of its imports is missing
                 f"cannot load environment {spec!r}: it imports {missing!r}, which is not "
-                f"installed in this environment (pip install it)") from exc
+                f"installed in this environment (pip install it; {exc})") from exc
         if isinstance(exc, ModuleNotFoundError) and _file_id(spec) is None:
             exc = f"{exc} (modules are imported from the current directory and PYTHONPATH: " \
                   f"run from the directory that holds it, add that to PYTHONPATH, or name " \
@@ -395,7 +395,7 @@ def env_fn(env_id: str, max_episode_steps: int | None = None, **options: Any
            ) -> Callable[[], gym.Env]:
     """A picklable zero-argument constructor (for vector envs, also AsyncVectorEnv). An env
     instance given to Dreamer travels with it: a process started without fork (spawn,
-    forkserver: macOS, Windows, Python 3.14's default on Linux; Ray) cannot look it up."""
+    forkserver: macOS, Windows, Python 3.14's default on Linux) cannot look it up."""
     if env_id.startswith(INSTANCE_PREFIX):
         api = sys.modules.get("lucid.api")
         instance = api and api._INSTANCES.get(env_id.partition(":")[2])
