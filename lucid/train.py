@@ -782,7 +782,13 @@ class Trainer:
         """Stop on a signal, the callback, the time limit or the target return; data-parallel
         ranks stop together when any of them would."""
         stop = self._stop or self._done()
-        return self.dist.any(stop) if self.dist is not None else stop
+        if self.dist is None:
+            return stop
+        if self.dist.any(stop) and not stop:
+            self.stop_reason = self.stop_reason or "another data-parallel rank stopped " \
+                "(its run.target_return, time limit or signal)"
+            return True
+        return stop
 
     def _done(self) -> bool:
         """Stop early on the time limit of this session (a resumed run gets its own) or once
