@@ -136,6 +136,13 @@ def train(
     note = None if resume or preset else slow_preset_note(trainer, "--preset {}")
     if note:
         typer.echo(f"note: {note}")
+    elif not resume and not preset and trainer.cfg.preset.startswith("cpu-"):
+        t = trainer.cfg.train
+        typer.echo(f"note: preset {trainer.cfg.preset} is lucid's recipe for a CPU: the "
+                   f"paper's algorithm with a {trainer.cfg.model.size} model, train ratio "
+                   f"{t.train_ratio:g}, learning rates {t.model_lr:g}/{t.actor_lr:g}/"
+                   f"{t.critic_lr:g} and the 2025 replay value loss (docs/presets.md); "
+                   f"--preset default runs the 2023 paper's settings")
     if resume and trainer.counters["env_steps"] >= trainer.cfg.run.steps:
         trainer.close()
         typer.echo(f"note: the run has its {trainer.cfg.run.steps} env steps already; "

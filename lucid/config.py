@@ -232,16 +232,20 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The paper's settings, as published: "default" is XS (ModelConfig's default size, as
     # RLlib's); the suites take the sizes, train ratios and env counts of the authors' 2023
     # configs.yaml (Atari: the XL defaults, 8 envs; DMC: S, the default 4 envs; Crafter and
-    # Atari100k: 1 env).
+    # Atari100k: 1 env). Each runs the env steps of the paper's results: Atari 200M frames
+    # (50M steps of 4 frames), Atari100k 100k, DMC proprio 500k, DMC vision and Crafter 1M.
     "default": {},
     "paper-cartpole": {"model": {"size": "XS"}, "train": {"train_ratio": 1024}},
-    "atari": {"env": {"num_envs": 8}, "model": {"size": "XL"}, "train": {"train_ratio": 64}},
-    "atari100k": {"model": {"size": "S"}, "train": {"train_ratio": 1024}},
+    "atari": {"env": {"num_envs": 8}, "model": {"size": "XL"}, "train": {"train_ratio": 64},
+              "run": {"steps": 50_000_000}},
+    "atari100k": {"model": {"size": "S"}, "train": {"train_ratio": 1024},
+                  "run": {"steps": 100_000}},
     "dmc-proprio": {"env": {"num_envs": 4}, "model": {"size": "S"},
-                    "train": {"train_ratio": 512}},
+                    "train": {"train_ratio": 512}, "run": {"steps": 500_000}},
     "dmc-vision": {"env": {"num_envs": 4}, "model": {"size": "S"},
-                   "train": {"train_ratio": 512}},
-    "crafter": {"model": {"size": "XL"}, "train": {"train_ratio": 512}},
+                   "train": {"train_ratio": 512}, "run": {"steps": 1_000_000}},
+    "crafter": {"model": {"size": "XL"}, "train": {"train_ratio": 512},
+                "run": {"steps": 1_000_000}},
     # Measured to learn small control tasks fastest on a 2-core CPU (see docs/presets.md):
     # the paper's algorithm with a small model, shorter windows, a lower train ratio,
     # 3x (world model) / 10x (actor, critic) the paper's learning rates and the Nature

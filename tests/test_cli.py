@@ -73,7 +73,10 @@ def test_train_then_eval_then_resume(tmp_path):
             "train.horizon=3", "train.train_ratio=16", "run.progress=false"]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
-    assert "note: preset" not in r.output  # CartPole's default preset is a CPU one
+    # CartPole's default preset is a CPU one: what it changes is said, not that it is slow
+    assert "the paper's setting" not in r.output
+    assert "note: preset cpu-control is lucid's recipe for a CPU: the paper's algorithm with " \
+           "a nano model, train ratio 16, learning rates 0.0003/0.0003/0.0003" in r.output
     cfg = (tmp_path / "config.yaml").read_text()
     assert "batch_length: 8" in cfg and "size: nano" in cfg
     # a run trained on a GPU evaluates on a machine without one: on this CPU, with a note
