@@ -17,7 +17,9 @@ Backends (`run.logger`, docs/configuration.md):
   the same scalars and histograms with env steps as their x-axis, and the config. Offline by
   default (`run.wandb_mode`), so it needs no network or account; upload later with
   `wandb sync RUN_DIR/wandb/offline-run-*`. The W&B run id is kept in `RUN_DIR/wandb/run_id`,
-  so a resumed run continues the same W&B run.
+  so a resumed run logs to the same W&B run: online, W&B continues it; offline (which W&B
+  does not resume), each session writes its own offline-run folder with that id, and the
+  rows a killed session logged past its checkpoint stay in its folder.
 
 The progress display is a rich progress bar when stdout is a terminal. When it is not (CI logs,
 `nohup`, a pipe) there is no bar and no terminal control codes: one plain status line at the

@@ -18,9 +18,11 @@ from typing import Sequence
 import numpy as np
 import yaml
 
-from .config import flatten
+from .config import RESUME_SETTABLE, flatten
 
-IGNORED_KEYS = ("run.seed", "run.run_dir")
+# Keys that do not change what a run learns: runs differing only in these are seeds of one
+# config (a resumed seed with another --steps or time limit stays in its group)
+IGNORED_KEYS = ("run.seed", "run.run_dir", "run.videos", *RESUME_SETTABLE)
 X_KEYS = ("env_steps", "wall_time")
 
 
@@ -176,6 +178,17 @@ def group_curve(runs: Sequence[Run], x: str = "env_steps", window: int = 10,
     return grid, mean, low, high, count
 
 
+def eval_points(rows: Sequence[dict], x: str = "env_steps") -> list[tuple[float, float]]:
+    """(x, mean return) per evaluation: its episodes share env_steps (each has its own
+    wall_time, so the evaluation is placed at their mean)."""
+    by_step: dict[float, list[dict]] = {}
+    for r in rows:
+        by_step.setdefault(float(r["env_steps"]), []).append(r)
+    return sorted((float(np.mean([float(r[x]) for r in group])),
+                   float(np.mean([float(r["return"]) for r in group])))
+                  for group in by_step.values())
+
+
 def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_steps",
               band: str = "minmax", window: int = 10, title: str | None = None,
               labels: Sequence[str] | None = None) -> Path:
@@ -206,13 +219,9 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_ste
                 ax.fill_between(grid, low, high, color=colour, alpha=0.2, linewidth=0)
         ex = [r for m in members for r in m.eval_rows if r.get("policy", "greedy") == "greedy"]
         if ex:
-            key = "env_steps" if x == "env_steps" else "wall_time"
-            by_x: dict[float, list[float]] = {}
-            for r in ex:
-                by_x.setdefault(float(r[key]), []).append(float(r["return"]))
-            xs = sorted(by_x)
-            ax.plot(xs, [np.mean(by_x[v]) for v in xs], "o", color=colour, markersize=4,
-                    markerfacecolor="white", label=f"{label}: eval")
+            points = eval_points(ex, x)
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o", color=colour,
+                    markersize=4, markerfacecolor="white", label=f"{label}: eval")
     ax.set_xlabel("environment steps" if x == "env_steps" else "wall time (s)")
     ax.set_ylabel(f"episode return (mean of last {window})")
     ax.set_title(title or "learning curves" + (" (band: min–max over seeds)" if band == "minmax"

@@ -152,8 +152,8 @@ def finish_run(trainer, writer=None, videos: bool = True, horizon: int = 45
     run_dir = Path(trainer.run_dir)
     out: dict[str, Path] = {}
     steps = [("curves", lambda: {"curves": plot_runs([run_dir], run_dir / "curves.png")})]
-    if videos:
-        from .video import log_videos
+    if videos and trainer.videos_logged_at != trainer.counters["env_steps"]:
+        from .video import log_videos  # (not again where run.video_every made them at the end)
         steps.append(("videos", lambda: log_videos(trainer, writer,
                                                    trainer.counters["env_steps"], horizon)))
     steps.append(("report", lambda: {"report": write_report(run_dir)}))

@@ -352,6 +352,7 @@ class Trainer:
             self.write_config()
         self._restarts_before = self.counters["env_restarts"]
         self._stop = False
+        self.videos_logged_at: int | None = None  # env steps of the last periodic videos
         self.signalled: int | None = None  # SIGINT / SIGTERM that stopped the last run()
         self.stop_reason: str | None = None  # why the last run() ended before run.steps
         self._batches: Prefetcher | None = None  # the learner's batch source, made by run()
@@ -839,6 +840,7 @@ class Trainer:
 
     def _videos(self, logger: Logger) -> None:
         from .video import log_videos
+        self.videos_logged_at = self.counters["env_steps"]  # finish_run does not repeat them
         try:
             log_videos(self, logger.tb, self.counters["env_steps"])
         except Exception as exc:  # noqa: BLE001 - a video never costs the run

@@ -165,9 +165,12 @@ def log_video(writer, tag: str, frames, step: int, fps: float = 15.0,
       image summary, shown animated in TensorBoard's Images tab), encoded here with Pillow;
     - "grid": if that fails, up to 16 evenly spaced frames tiled into one still image.
 
-    Frames larger than `max_side` pixels are subsampled (every k-th pixel) to keep event
-    files small."""
-    arr = stack_frames(frames)[:max_frames]
+    A video longer than `max_frames` keeps that many frames evenly spaced over all of it,
+    and frames larger than `max_side` pixels are subsampled (every k-th pixel), to keep
+    event files small."""
+    arr = stack_frames(frames)
+    if len(arr) > max_frames:
+        arr = arr[np.linspace(0, len(arr) - 1, max_frames).round().astype(int)]
     k = max(1, math.ceil(max(arr.shape[1:3]) / max_side))
     arr = np.ascontiguousarray(arr[:, ::k, ::k])
     if has_moviepy():

@@ -22,7 +22,7 @@ from lucid.cli import app
 from lucid.config import make_config
 from lucid.envs.spaces import ActionSpec, ObsSpec
 from lucid.nets import symexp
-from lucid.plot import group_curve, group_runs, load_run, plot_runs
+from lucid.plot import eval_points, group_curve, group_runs, load_run, plot_runs
 from lucid.replay import to_batch
 from lucid.report import write_report
 from lucid.train import Trainer
@@ -139,6 +139,18 @@ def test_tensorboard_video_is_readable(tmp_path):
         assert len(decoded) == 5
     else:
         assert how == "video"
+    # a long video keeps frames spread over all of it, the first and the last among them
+    long = np.zeros((50, 16, 24, 3), np.uint8)
+    long[:, :, :, 0] = (np.arange(50) * 5)[:, None, None]
+    writer = SummaryWriter(str(tmp_path / "long"))
+    how = video.log_video(writer, "eval/video", long, step=1, max_frames=6)
+    writer.close()
+    if how == "gif":
+        acc = EventAccumulator(str(tmp_path / "long"), size_guidance={"images": 0})
+        acc.Reload()
+        (event,) = acc.Images("eval/video")
+        reds = [int(f[0, 0, 0]) for f in iio.mimread(event.encoded_image_string, format="GIF")]
+        assert reds == [0, 50, 100, 145, 195, 245], reds  # frames 0, 10, 20, 29, 39, 49
 
 
 # --------------------------------------------------------------------------- episodes
@@ -246,6 +258,14 @@ def test_open_loop_cartpole_renders_dreamed_states_beside_real_ones(trainer, tmp
 # --------------------------------------------------------------------------- plot, report
 
 
+def test_an_evaluation_is_one_point_against_steps_or_wall_time():
+    rows = [{"env_steps": 100, "wall_time": 10.0, "return": 1.0},
+            {"env_steps": 100, "wall_time": 10.5, "return": 3.0},
+            {"env_steps": 200, "wall_time": 20.0, "return": 5.0}]
+    assert eval_points(rows) == [(100.0, 2.0), (200.0, 5.0)]
+    assert eval_points(rows, "wall_time") == [(10.25, 2.0), (20.0, 5.0)]
+
+
 def test_plot_groups_seeds_of_one_config(runs, tmp_path):
     other = tmp_path / "other"  # a third run of another config: its files, edited
     shutil.copytree(runs[1], other)
@@ -258,6 +278,13 @@ def test_plot_groups_seeds_of_one_config(runs, tmp_path):
     assert {r.path for r in two} == set(runs)
     label = next(k for k, v in groups.items() if len(v) == 2)
     assert "train.train_ratio=8" in label and "2 seeds" in label
+    resumed = tmp_path / "resumed"  # a seed resumed with another --steps, without videos
+    shutil.copytree(runs[1], resumed)
+    cfg = (resumed / "config.yaml").read_text()
+    assert "videos: true" in cfg and "\n  steps: " in cfg
+    cfg = cfg.replace("videos: true", "videos: false").replace("\n  steps: ", "\n  steps: 9")
+    (resumed / "config.yaml").write_text(cfg)
+    assert [len(v) for v in group_runs([load_run(r) for r in (*runs, resumed)]).values()] == [3]
     far = tmp_path / "far"  # another env and four other keys: the env first, three keys at most
     shutil.copytree(runs[1], far)
     cfg = (far / "config.yaml").read_text().replace("id: CartPole-v1", "id: Pendulum-v1")
@@ -445,6 +472,15 @@ def test_finish_run_writes_curve_videos_and_report(trainer, tmp_path):
     assert all(p.exists() for p in out.values())
     assert out["dream"].parent == run / "videos" and out["dream"].suffix == ".mp4"
     assert (run / "report.html").read_text().count("<video") == 2
+    # where run.video_every made them at the last step, the end of the run does not again
+    trainer.run_dir = run
+    trainer.videos_logged_at = trainer.counters["env_steps"]
+    try:
+        again = finish_run(trainer, None, horizon=10)
+    finally:
+        trainer.run_dir, trainer.videos_logged_at = old, None
+    assert set(again) == {"curves", "report"}
+    assert (run / "report.html").read_text().count("<video") == 2  # the ones made before
 
 
 def _chromium():
