@@ -92,6 +92,7 @@ class Logger:
         if not tensorboard and "tensorboard" in self.backends:
             self.backends.remove("tensorboard")
         self.histogram_every = int(getattr(run_cfg, "histogram_every", 10))
+        self.total_steps = total_steps
         self._rows = 0
         self._hist: dict[str, list[float]] = {"return": [], "length": []}
         self._eval: tuple[int, str] | None = None  # (env steps, policy) of buffered eval eps
@@ -235,12 +236,13 @@ class Logger:
         ret = row.get("episode/return_recent")
         info = (f"upd {row['updates']}  {row.get('perf/env_steps_per_s', 0):.0f} sps  "
                 f"{row.get('perf/updates_per_s', 0):.1f} ups  "
-                f"return {ret if ret is None else round(ret, 1)}")
+                f"return {'-' if ret is None else round(ret, 1)}")
         if self.bar is not None:
             self.bar.update(self.task, completed=step, info=info)
         elif self.plain and time.monotonic() - self._last_plain >= PLAIN_EVERY:
             self._last_plain = time.monotonic()
-            print(f"[{time.strftime('%H:%M:%S')}] steps {step}  {info}", flush=True)
+            total = f"/{self.total_steps:,}" if self.total_steps else ""
+            print(f"[{time.strftime('%H:%M:%S')}] steps {step:,}{total}  {info}", flush=True)
 
     # ------------------------------------------------------------------ end
 

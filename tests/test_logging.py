@@ -154,8 +154,11 @@ def test_progress_is_quiet_when_stdout_is_not_a_tty(run):
     out = run["stdout"]
     assert "\x1b[" not in out and "\r" not in out  # no bar, no terminal control codes
     progress = [line for line in out.splitlines() if "] steps " in line]
-    # one plain line at the first metric row of each of the two runs (then one a minute)
+    # one plain line at the first metric row of each of the two runs (then one a minute),
+    # with the run's total, and "-" before the first return
     assert 1 <= len(progress) <= 4, out
+    assert all(re.search(r"\] steps [\d,]+/[\d,]+  upd ", line) for line in progress), progress
+    assert not any("None" in line for line in progress), progress
 
 
 def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch):
