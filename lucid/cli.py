@@ -168,10 +168,12 @@ def train(
                 from torch.utils.tensorboard import SummaryWriter
                 writer = SummaryWriter(str(trainer.run_dir / "tb"))
             try:
-                finish_run(trainer, writer)  # the videos also go to TensorBoard
+                made = finish_run(trainer, writer)  # the videos also go to TensorBoard
             finally:
                 if writer is not None:
                     writer.close()
+            if "report" in made:
+                typer.echo(f"report: {made['report']}")
     finally:
         trainer.close()
     if trainer.stop_reason is not None and trainer.signalled is None:

@@ -92,7 +92,8 @@ class Logger:
         if not tensorboard and "tensorboard" in self.backends:
             self.backends.remove("tensorboard")
         self.histogram_every = int(getattr(run_cfg, "histogram_every", 10))
-        self.total_steps = total_steps
+        self.total_steps, self.start_steps = total_steps, start_steps
+        self._last_step: int | None = None  # of the last metric row (histograms at close)
         self._rows = 0
         self._hist: dict[str, list[float]] = {"return": [], "length": []}
         self._eval: tuple[int, str] | None = None  # (env steps, policy) of buffered eval eps
@@ -143,7 +144,9 @@ class Logger:
         if config is not None:
             from .config import to_yaml
             text = "\n".join("    " + line for line in to_yaml(config).splitlines())
-            self.tb.add_text("config", text, 0)  # indented: shown as a code block
+            # indented: shown as a code block; at the session's first step, so a resumed
+            # run's config (its run.steps, say) is the one TensorBoard shows last
+            self.tb.add_text("config", text, self.start_steps)
 
     def _open_wandb(self, config) -> None:
         wandb = import_wandb()
@@ -222,6 +225,7 @@ class Logger:
         self.metrics_f.write(json.dumps(row) + "\n")
         self.metrics_f.flush()
         step = row["env_steps"]
+        self._last_step = step
         if self.tb is not None or self.wandb is not None:
             self._flush_eval()
             values = {k: v for k, v in row.items() if "/" in k and _number(v)}
@@ -254,6 +258,8 @@ class Logger:
         if self.bar is not None:
             self.bar.stop()
         self._flush_eval()
+        if self.histogram_every and self._last_step is not None:  # the episodes since the
+            self._histograms(self._last_step)                     # last histogram
         if self.tb is not None:
             self.tb.close()
         if self.wandb is not None:

@@ -224,7 +224,9 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_ste
                     markersize=4, markerfacecolor="white", label=f"{label}: eval")
     ax.set_xlabel("environment steps" if x == "env_steps" else "wall time (s)")
     ax.set_ylabel(f"episode return (mean of last {window})")
-    ax.set_title(title or "learning curves" + (" (band: min–max over seeds)" if band == "minmax"
+    spread = any(len(members) > 1 for members in groups.values())  # else no band is drawn
+    ax.set_title(title or "learning curves" + ("" if not spread else
+                                              " (band: min–max over seeds)" if band == "minmax"
                                               else " (band: ±1 std over seeds)"))
     ax.grid(alpha=0.3)
     if groups:

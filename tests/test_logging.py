@@ -213,3 +213,24 @@ def test_missing_wandb_names_the_extra(monkeypatch):
     with pytest.raises(ImportError, match=re.escape("pip install 'lucid-rl[wandb]'")):
         import_wandb()
     make_config("default", ["run.logger=tensorboard"])  # fine without wandb
+
+
+def test_a_session_logs_its_config_at_its_first_step_and_histograms_at_its_end(tmp_path):
+    """A resumed session's config is the one TensorBoard shows last (at its first step, not
+    at 0 again), and the episodes since the last histogram are written when it closes."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from lucid.config import make_config
+    from lucid.logger import Logger
+    cfg = make_config("default", run={"histogram_every": 100, "logger": "tensorboard"})
+    log = Logger(tmp_path, progress=False, total_steps=200, start_steps=50, config=cfg)
+    for step, ret in ((60, 1.0), (70, 3.0)):
+        log.episode({"env_steps": step, "return": ret, "length": 5, "wall_time": 1.0,
+                     "eval": False})
+    log.metrics({"env_steps": 80, "updates": 3, "episodes": 2, "wall_time": 2.0})
+    log.close()
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0, "histograms": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Tensors("config/text_summary")] == [50]
+    (hist,) = acc.Histograms("episode/returns")
+    assert hist.step == 80 and hist.histogram_value.num == 2
