@@ -5,8 +5,8 @@ It reports what each observation becomes (image, vector, one-hots), what the act
 for each action (categoricals, a Normal over rescaled Box dimensions) and how it learns,
 then takes random actions for a number of steps, each sent the way the actor's are (to
 lucid's model space and back, which must land in the action space): every observation passes
-the checks that training makes (shape, dtype, NaN/Inf, bounds), rewards must be finite
-numbers, and episodes should end. Finally, for an env without image observations, it asks
+the checks that training makes (shape, dtype, NaN/Inf, Discrete ranges; values beyond a Box's
+bounds get a note), rewards must be finite numbers, and episodes should end. Finally, for an env without image observations, it asks
 for an `rgb_array` frame, which its videos need."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 from .behavior import uses_reinforce
 from .config import Config
 from .envs import ActionSpec, ObsSpec, env_label, make_env
+from .envs.spaces import _leaves
 from .train import _fits, spaces_of
 
 
@@ -150,18 +151,16 @@ def _rollout(env, obs_spec: ObsSpec, act_spec: ActionSpec, steps: int, seed: int
     return ends, returns, low, high, outside
 
 
-
 def _beyond(space: gym.Space, obs) -> bool:
     """Whether a Box part of `obs` lies beyond its bounds (values only: a float64 array for a
     float32 Box is not beyond them)."""
-    if isinstance(space, gym.spaces.Dict):
-        return any(_beyond(sub, obs[k]) for k, sub in space.spaces.items())
-    if isinstance(space, gym.spaces.Tuple):
-        return any(_beyond(sub, o) for sub, o in zip(space.spaces, obs))
-    if isinstance(space, gym.spaces.Box):
-        x = np.asarray(obs, np.float64)
-        return bool(np.any((x < space.low) | (x > space.high)))
+    for path, leaf in _leaves(space):
+        if isinstance(leaf, gym.spaces.Box):
+            x = np.asarray(ActionSpec._get(obs, path), np.float64)  # the leaf at that path
+            if np.any((x < leaf.low) | (x > leaf.high)):
+                return True
     return False
+
 
 def _frames(cfg: Config) -> str:
     """Whether the env renders rgb_array frames (what videos need), in words."""
