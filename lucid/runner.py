@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from .envs import env_info
 from .envs.spaces import ActionSpec, ObsSpec
 from .warn import raised_at, warn
 
@@ -92,21 +93,6 @@ class Episode:
     ret: float
     length: int
     info: dict = field(default_factory=dict)  # the env's info of its last step
-
-
-def env_info(info: dict, i: int) -> dict:
-    """Env `i`'s entries of a vector env's batched info (those its `_key` masks mark)."""
-    out = {}
-    for k, v in info.items():
-        mask = info.get(f"_{k}")
-        if k.startswith("_") or (mask is not None and not mask[i]):
-            continue
-        try:
-            v = env_info(v, i) if isinstance(v, dict) else v[i]
-        except (TypeError, IndexError, KeyError):  # not batched as gymnasium batches infos
-            continue
-        out[k] = v.item() if isinstance(v, np.generic) else v
-    return out
 
 
 @dataclass

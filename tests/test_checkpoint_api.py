@@ -325,7 +325,7 @@ class _Success(gym.Env):
 def test_the_callback_gets_each_episodes_last_info():
     """info of the step that ended the episode, that env's own entries of the vector env's
     batched info (two envs; masks say which env an entry belongs to)."""
-    from lucid.runner import env_info
+    from lucid.envs import env_info
     batched = {"success": np.array([False, True]), "_success": np.array([False, True]),
                "at": {"t": np.array([0, 3]), "_t": np.array([False, True])},
                "_at": np.array([False, True])}

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import gymnasium as gym
+import numpy as np
 
 from .extras import MissingExtraError
 from .spaces import ActionSpec, ObsSpec
@@ -389,6 +390,21 @@ def make_env(env_id: str, max_episode_steps: int | None = None, render_mode: str
     except ModuleNotFoundError as exc:  # e.g. gymnasium's tabular/ and phys2d/ envs: jax
         raise ImportError(f"{env_id} needs the package {exc.name!r}, which is not installed "
                           f"(pip install {exc.name})") from None
+
+
+def env_info(info: dict, i: int) -> dict:
+    """Env `i`'s entries of a vector env's batched info (those its `_key` masks mark)."""
+    out = {}
+    for k, v in info.items():
+        mask = info.get(f"_{k}")
+        if k.startswith("_") or (mask is not None and not mask[i]):
+            continue
+        try:
+            v = env_info(v, i) if isinstance(v, dict) else v[i]
+        except (TypeError, IndexError, KeyError):  # not batched as gymnasium batches infos
+            continue
+        out[k] = v.item() if isinstance(v, np.generic) else v
+    return out
 
 
 def env_fn(env_id: str, max_episode_steps: int | None = None, **options: Any

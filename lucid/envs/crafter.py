@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 
+from . import env_info
 from .extras import require
 
 # The 22 achievements of crafter 1.8 (crafter.constants.achievements), sorted.
@@ -165,8 +166,7 @@ class AchievementTracker:
             return 1
         added = 0
         for i in np.flatnonzero(np.asarray(mask, bool)):
-            self.add({name: np.asarray(counts)[i] for name, counts in eps.items()
-                      if not name.startswith("_")})
+            self.add(env_info(info, i)[EPISODE_KEY])
             added += 1
         return added
 
