@@ -202,12 +202,16 @@ class Dreamer:
         env_action = self.trainer.act_spec.to_env(action.cpu().numpy())
         return (env_action if batched else self.trainer.act_spec.item(env_action, 0)), state
 
-    def evaluate(self, episodes: int = 10, deterministic: bool = True) -> list[float]:
-        """Returns of `episodes` episodes in a fresh env (greedy unless deterministic=False)."""
+    def evaluate(self, episodes: int = 10, deterministic: bool = True,
+                 return_lengths: bool = False) -> list[float] | tuple[list[float], list[int]]:
+        """Returns of `episodes` episodes in a fresh env (greedy unless deterministic=False);
+        with return_lengths=True, `(returns, lengths)`."""
         if not isinstance(episodes, numbers.Integral) or episodes < 1:
             raise ValueError(f"evaluate() takes a whole number of episodes >= 1, got "
                              f"{episodes!r}")
-        return [e.ret for e in self.trainer.evaluate(episodes, explore=not deterministic)]
+        eps = self.trainer.evaluate(episodes, explore=not deterministic)
+        rets = [e.ret for e in eps]
+        return (rets, [e.length for e in eps]) if return_lengths else rets
 
     def save(self, path: str | Path) -> None:
         """The agent (weights, optimisers, config, counters) in one file, for `load`; its

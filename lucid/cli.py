@@ -220,7 +220,7 @@ def eval_cmd(run_dir: str = typer.Argument(..., help="a run directory, or an age
               "limit, e.g. edit env.max_episode_steps in the run's config.yaml")
     rets = [e.ret for e in eps]
     typer.echo(json.dumps({"episodes": len(rets), "mean_return": sum(rets) / len(rets),
-                           "returns": rets}))
+                           "returns": rets, "lengths": [e.length for e in eps]}))
 
 
 @app.command("config")

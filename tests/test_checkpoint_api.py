@@ -200,6 +200,7 @@ def test_an_env_instance_is_copied_and_never_closed_under_the_caller(tmp_path):
         assert agent.trainer.counters["env_steps"] == 30
         assert agent.trainer.counters["env_restarts"] == 0
         assert agent.evaluate(1) == [10.0]
+        assert agent.evaluate(2, return_lengths=True) == ([10.0, 10.0], [10, 10])
     assert not env.closed and env.t == 0  # the caller's object was never used
 
 

@@ -95,6 +95,7 @@ def test_lucid_eval_runs_on_the_trained_run(env_id, tmp_path_factory):
     out = json.loads(result.output.strip().splitlines()[-1])
     assert out["episodes"] == 1 and len(out["returns"]) == 1
     assert out["mean_return"] == out["returns"][0]
+    assert len(out["lengths"]) == 1 and out["lengths"][0] >= 1
 
 
 def test_crafter_training_logs_the_score_and_success_rates(tmp_path_factory):
