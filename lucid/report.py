@@ -1,8 +1,10 @@
 """One self-contained HTML page per run: `write_report(run_dir) -> RUN_DIR/report.html`.
 
 The page holds the resolved config, summary numbers (from episodes.jsonl and the last row of
-metrics.jsonl), the learning curve (a PNG made by lucid.plot, embedded as base64) and every
-video found in RUN_DIR/videos/ (MP4 as <video>, GIF/PNG as <img>, embedded as base64). It
+metrics.jsonl), the learning curve (a PNG made by lucid.plot, embedded as base64) and the
+videos found in RUN_DIR/videos/ in the order of their env steps (MP4 as <video>, GIF/PNG as
+<img>, embedded as base64; of a run with videos of more than MAX_VIDEO_STEPS steps, those of
+the first, the last and evenly spaced steps between). It
 references no external file, script or stylesheet, so it can be mailed or archived as is.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +25,28 @@ from .warn import warn
 
 VIDEO_TYPES = {".mp4": "video/mp4", ".webm": "video/webm"}
 IMAGE_TYPES = {".gif": "image/gif", ".png": "image/png"}
+
+MAX_VIDEO_STEPS = 4  # a run with run.video_every has videos of many steps: embed this many
+_STEP = re.compile(r"(eval|dream)-(\d+)")  # the names lucid gives videos: eval-000012000.mp4
+
+
+def _videos_to_embed(videos: list[Path]) -> tuple[list[Path], list[Path]]:
+    """The videos in the order of the env steps in their names (at a step the evaluation
+    episode before the dream; names without a step after them), and those left out: of
+    more than MAX_VIDEO_STEPS steps, only the first, the last and evenly spaced ones between
+    are embedded, so that the page stays small enough to open and mail."""
+    def step(v: Path) -> int | None:
+        m = _STEP.match(v.name)
+        return int(m.group(2)) if m else None
+    ordered = sorted(videos, key=lambda v: (step(v) is None, step(v) or 0,
+                                            not v.name.startswith("eval"), v.name))
+    steps = sorted({step(v) for v in ordered} - {None})
+    if len(steps) <= MAX_VIDEO_STEPS:
+        return ordered, []
+    keep = {steps[i] for i in np.linspace(0, len(steps) - 1, MAX_VIDEO_STEPS).round().astype(int)}
+    return ([v for v in ordered if step(v) is None or step(v) in keep],
+            [v for v in ordered if step(v) is not None and step(v) not in keep])
+
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -109,6 +134,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     videos = sorted((run_dir / "videos").glob("*")) if (run_dir / "videos").is_dir() else []
     videos = [v for v in videos if v.suffix.lower() in VIDEO_TYPES or
               v.suffix.lower() in IMAGE_TYPES]
+    videos, left_out = _videos_to_embed(videos)
     parts.append("<h2>Videos</h2>")
     if videos:
         for v in videos:
@@ -121,6 +147,10 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
             else:
                 media = f'<img class="media" alt="{cap}" src="{_data_uri(v, IMAGE_TYPES[ext])}">'
             parts.append(f"<figure>{media}<figcaption>{cap}</figcaption></figure>")
+        if left_out:
+            names = ", ".join(f"<code>{html.escape(v.name)}</code>" for v in left_out)
+            parts.append(f"<p>Not embedded (the page holds the videos of {MAX_VIDEO_STEPS} "
+                         f"env steps, evenly spaced), in <code>videos/</code>: {names}</p>")
     else:
         parts.append("<p>No videos in <code>videos/</code>; make some with "
                      "<code>lucid eval RUN_DIR --video</code> and <code>lucid dream RUN_DIR"

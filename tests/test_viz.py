@@ -369,6 +369,32 @@ def test_report_is_one_self_contained_page(runs, tmp_path):
     assert f"<td>{STEPS}</td>" in html_text  # final env steps from metrics.jsonl
 
 
+def test_report_orders_videos_by_step_and_embeds_those_of_a_few_steps(runs, tmp_path):
+    """Videos of 7 steps: the page embeds those of steps 1, 3, 6 and 10 (first, last, evenly
+    spaced), in step order with the evaluation before the dream, then a video without a step
+    in its name; the others are named, not embedded."""
+    import re
+    from lucid.report import MAX_VIDEO_STEPS
+    assert MAX_VIDEO_STEPS == 4
+    run = tmp_path / "run"
+    shutil.copytree(runs[0], run)
+    shutil.rmtree(run / "videos", ignore_errors=True)
+    (run / "videos").mkdir()
+    frame = np.zeros((8, 8, 3), np.uint8)
+    for step in (7, 10, 1, 2, 3, 4, 6):  # written out of order; 10 sorts after 7, not before 2
+        for kind in ("dream", "eval"):
+            iio.imwrite(run / "videos" / f"{kind}-{step:09d}.png", frame)
+    iio.imwrite(run / "videos" / "mine.png", frame)
+    text = write_report(run).read_text()
+    shown = re.findall(r"<figcaption>([^<]*\.png)</figcaption>", text)
+    assert shown == [f"{k}-{s:09d}.png" for s in (1, 3, 6, 10) for k in ("eval", "dream")] \
+        + ["mine.png"]
+    assert text.count('src="data:image/png') == len(shown) + 1  # and the learning curve
+    named = re.search(r"Not embedded.*?</p>", text).group(0)
+    assert re.findall(r"<code>([^<]*)</code>", named)[1:] == \
+        [f"{k}-{s:09d}.png" for s in (2, 4, 7) for k in ("eval", "dream")]
+
+
 # --------------------------------------------------------------------------- CLI
 
 
