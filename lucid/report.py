@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import html
-import re
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +26,6 @@ VIDEO_TYPES = {".mp4": "video/mp4", ".webm": "video/webm"}
 IMAGE_TYPES = {".gif": "image/gif", ".png": "image/png"}
 
 MAX_VIDEO_STEPS = 4  # a run with run.video_every has videos of many steps: embed this many
-_STEP = re.compile(r"(eval|dream)-(\d+)")  # the names lucid gives videos: eval-000012000.mp4
 
 
 def _videos_to_embed(videos: list[Path]) -> tuple[list[Path], list[Path]]:
@@ -35,9 +33,7 @@ def _videos_to_embed(videos: list[Path]) -> tuple[list[Path], list[Path]]:
     episode before the dream; names without a step after them), and those left out: of
     more than MAX_VIDEO_STEPS steps, only the first, the last and evenly spaced ones between
     are embedded, so that the page stays small enough to open and mail."""
-    def step(v: Path) -> int | None:
-        m = _STEP.match(v.name)
-        return int(m.group(2)) if m else None
+    from .video import video_step as step
     ordered = sorted(videos, key=lambda v: (step(v) is None, step(v) or 0,
                                             not v.name.startswith("eval"), v.name))
     steps = sorted({step(v) for v in ordered} - {None})

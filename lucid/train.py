@@ -551,6 +551,11 @@ class Trainer:
                         start_steps=c["env_steps"], config=cfg,
                         purge_after=self._purge_logs_after) \
             if self.rank == 0 else _QuietLogger()
+        if self._purge_logs_after is not None:
+            from .video import set_aside_videos_after
+            if moved := set_aside_videos_after(self.run_dir, self._purge_logs_after):
+                print(f"note: {len(moved)} videos of steps past the checkpoint moved to "
+                      f"{moved[0].parent}")
         self._purge_logs_after = None
         # Ctrl-C and SIGTERM stop with a checkpoint; Python lets only the main thread handle
         # signals (learn() on another thread: a GUI, Ray Tune), so elsewhere they do not

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -545,3 +546,25 @@ def _log_videos(trainer, writer, step, horizon, context, fps, rows) -> dict[str,
         else:
             paths["dream"] = plot_open_loop(result, out_dir / f"dream-{step:09d}.png")
     return paths
+
+
+_STEP = re.compile(r"(eval|dream)-(\d+)")  # the names videos get: eval-000012000.mp4
+
+
+def video_step(path: str | Path) -> int | None:
+    """The env step in the name of a video lucid made (`eval-<step>...`, `dream-<step>...`)."""
+    m = _STEP.match(Path(path).name)
+    return int(m.group(2)) if m else None
+
+
+def set_aside_videos_after(run_dir: str | Path, env_steps: int) -> list[Path]:
+    """Move the videos of steps past `env_steps` (those a killed run made after the
+    checkpoint it resumes from) to RUN_DIR/videos/superseded/, out of the report, as the
+    logs' rows past it are dropped. Returns their new paths."""
+    videos = Path(run_dir) / "videos"
+    late = [v for v in (videos.iterdir() if videos.is_dir() else ())
+            if v.is_file() and (video_step(v) or 0) > env_steps]
+    if not late:
+        return []
+    (videos / "superseded").mkdir(exist_ok=True)
+    return [v.rename(videos / "superseded" / v.name) for v in late]

@@ -654,10 +654,18 @@ def test_resume_sets_aside_a_corrupt_checkpoint_and_drops_logs_past_the_checkpoi
     for name in ("episodes.jsonl", "metrics.jsonl"):  # rows a killed run wrote later
         with open(tmp_path / name, "a") as f:
             f.write(json.dumps({"env_steps": 55, "lost": True}) + "\n" + '{"env_st')
+    videos = tmp_path / "videos"  # and videos it made later: moved out of the report
+    videos.mkdir(exist_ok=True)
+    for name in ("eval-000000040.mp4", "eval-000000055.mp4", "dream-000000055.png", "mine.gif"):
+        (videos / name).write_bytes(name.encode())
     with pytest.warns(UserWarning, match="set aside as ckpt-000000999.pt.corrupt"):
         again = Trainer(make_config("default", run={"steps": 60}), tmp_path, resume=True)
     again.run()
     again.close()
+    assert sorted(p.name for p in videos.iterdir()) == ["eval-000000040.mp4", "mine.gif",
+                                                        "superseded"]
+    assert sorted(p.read_text() for p in (videos / "superseded").iterdir()) == \
+        ["dream-000000055.png", "eval-000000055.mp4"]
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == [list_checkpoints(tmp_path)[-1].name, "ckpt-000000999.pt.corrupt"]
     assert load_latest(tmp_path)[0]["counters"]["env_steps"] == 60  # the new one was kept
