@@ -15,7 +15,7 @@ import typer
 from .config import (PRESETS, RESUME_SETTABLE, SIZES, Config, ConfigError, _suggest,
                      logger_backends, make_config, to_yaml)
 from .envs import default_preset
-from .warn import raised_at
+from .warn import raised_at, warn
 
 app = typer.Typer(add_completion=False, no_args_is_help=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -164,7 +164,8 @@ def train(
             from .report import finish_run
             typer.echo("writing curves.png, videos/ and report.html ...")
             writer = None
-            if "tensorboard" in logger_backends(trainer.cfg.run.logger):
+            backends = logger_backends(trainer.cfg.run.logger)
+            if "tensorboard" in backends:
                 from torch.utils.tensorboard import SummaryWriter
                 writer = SummaryWriter(str(trainer.run_dir / "tb"))
             try:
@@ -172,6 +173,8 @@ def train(
             finally:
                 if writer is not None:
                     writer.close()
+            if "wandb" in backends:
+                _wandb_videos(trainer, made)
             if "report" in made:
                 typer.echo(f"report: {made['report']}")
     finally:
@@ -180,6 +183,19 @@ def train(
         typer.echo(f"stopped at {trainer.counters['env_steps']:,} of {trainer.cfg.run.steps:,} "
                    f"env steps: {trainer.stop_reason}")
     typer.echo(f"done: {json.dumps(trainer.counters)}")
+
+
+def _wandb_videos(trainer, made: dict) -> None:
+    """The end-of-run videos to the run's W&B run (opened again; a failure only warns)."""
+    from .logger import Logger
+    try:
+        logger = Logger(trainer.run_dir, tensorboard=False, progress=False, config=trainer.cfg)
+        try:
+            logger.videos(made, trainer.counters["env_steps"])
+        finally:
+            logger.close()
+    except Exception as exc:  # noqa: BLE001 - the run is done and saved
+        warn(f"could not send the videos to W&B: {type(exc).__name__}: {exc}")
 
 
 def _load_run(run_dir: str, file_ok: bool = False):

@@ -190,6 +190,19 @@ class Logger:
             self.wandb.log({"env_steps": step,
                             **{k: wandb.Histogram(np.asarray(v)) for k, v in hists.items()}})
 
+    def videos(self, paths: dict[str, Path], step: int) -> None:
+        """Videos that lucid.video.log_videos wrote (`{"eval": mp4, "dream": mp4 or png}`),
+        to W&B under the tags log_videos gives them in TensorBoard (which gets them there)."""
+        if self.wandb is None or not paths:
+            return
+        import wandb
+        tags = {"eval": "eval/video", "dream": "world_model/open_loop"}
+        media = {tags[k]: wandb.Image(str(p)) if Path(p).suffix == ".png"
+                 else wandb.Video(str(p), format=Path(p).suffix[1:])
+                 for k, p in paths.items() if k in tags}
+        if media:
+            self.wandb.log({"env_steps": step, **media})
+
     def _flush_eval(self) -> None:
         """One point per evaluation: the mean of its episodes (they share env steps)."""
         if not self._eval_eps:

@@ -847,7 +847,8 @@ class Trainer:
         from .video import log_videos
         self.videos_logged_at = self.counters["env_steps"]  # finish_run does not repeat them
         try:
-            log_videos(self, logger.tb, self.counters["env_steps"])
+            logger.videos(log_videos(self, logger.tb, self.counters["env_steps"]),
+                          self.counters["env_steps"])
         except Exception as exc:  # noqa: BLE001 - a video never costs the run
             warn(f"video logging failed: {type(exc).__name__}: {exc}")
 

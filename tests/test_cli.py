@@ -67,12 +67,24 @@ def test_unknown_env_is_refused_with_a_suggestion(tmp_path):
     assert "CartPole-v1" in r.output
 
 
-def test_train_then_eval_then_resume(tmp_path):
+def test_train_then_eval_then_resume(tmp_path, monkeypatch):
+    for k, v in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
+                 "WANDB_CONFIG_DIR": str(tmp_path.parent / "c"),
+                 "WANDB_CACHE_DIR": str(tmp_path.parent / "cc"),
+                 "WANDB_DATA_DIR": str(tmp_path.parent / "d")}.items():
+        monkeypatch.setenv(k, v)
     args = ["train", "CartPole-v1", "--size", "nano", "--steps", "40", "--run-dir", str(tmp_path),
             "train.prefill=20", "train.batch_size=2", "train.batch_length=8",
-            "train.horizon=3", "train.train_ratio=16", "run.progress=false"]
+            "train.horizon=3", "train.train_ratio=16", "run.progress=false",
+            "--logger", "tensorboard,wandb"]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
+    # the end-of-run videos went to W&B too (to the run's W&B run, opened again)
+    wandb_runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len({p.name.rpartition("-")[2] for p in wandb_runs}) == 1, wandb_runs
+    sent = [p.name for r in wandb_runs for p in (r / "files" / "media").rglob("*.*")]
+    assert any(n.startswith("video_") for n in sent) and \
+        any(n.startswith("open_loop_") for n in sent), sent
     # CartPole's default preset is a CPU one: what it changes is said, not that it is slow
     assert "the paper's setting" not in r.output
     assert "note: preset cpu-control is lucid's recipe for a CPU: the paper's algorithm with " \

@@ -13,6 +13,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lucid.config import ConfigError, logger_backends, make_config
@@ -148,6 +149,30 @@ def test_wandb_offline_run_writes_its_files(run):
     first = (runs[0] / f"run-{run_id}.wandb").read_bytes()
     for key in (b"episode/return", b"eval/return", b"episode/returns"):  # episodes, histogram
         assert key in first, key
+
+
+@pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed (pip install 'lucid-rl[wandb]')")
+def test_videos_go_to_wandb_under_their_tensorboard_tags(tmp_path, monkeypatch):
+    import imageio.v3 as iio
+    from lucid import video
+    for k, v in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
+                 "WANDB_CONFIG_DIR": str(tmp_path / "c"), "WANDB_CACHE_DIR": str(tmp_path / "cc"),
+                 "WANDB_DATA_DIR": str(tmp_path / "d")}.items():
+        monkeypatch.setenv(k, v)
+    run_dir = tmp_path / "run"
+    mp4 = video.write_video(run_dir / "videos" / "eval-000000010.mp4",
+                            np.full((4, 16, 16, 3), 90, np.uint8), fps=4)
+    png = run_dir / "videos" / "dream-000000010.png"
+    iio.imwrite(png, np.full((8, 8, 3), 200, np.uint8))
+    log = Logger(run_dir, tensorboard=False, progress=False, backends="wandb")
+    log.videos({"eval": mp4, "dream": png, "report": run_dir / "report.html"}, 10)
+    log.close()
+    media = next((run_dir / "wandb").glob("offline-run-*")) / "files" / "media"
+    sent = sorted(p.relative_to(media).parent.as_posix() for p in media.rglob("*.*"))
+    assert sent == ["images/world_model", "videos/eval"]  # the report is not a video
+    assert next((media / "videos" / "eval").glob("video_*.mp4")).read_bytes() == mp4.read_bytes()
+    assert np.array_equal(iio.imread(next((media / "images" / "world_model").glob("*.png"))),
+                          iio.imread(png))
 
 
 def test_progress_is_quiet_when_stdout_is_not_a_tty(run):
