@@ -143,6 +143,15 @@ def train(
                    f"{t.train_ratio:g}, learning rates {t.model_lr:g}/{t.actor_lr:g}/"
                    f"{t.critic_lr:g} and the 2025 replay value loss (docs/presets.md); "
                    f"--preset default runs the 2023 paper's settings")
+    dims = trainer.cfg.model.dims()
+    if not resume and trainer.obs_spec.vectors and \
+            (dims["vector_layers"], dims["vector_units"]) != (dims["dense_layers"],
+                                                              dims["dense_units"]):
+        typer.echo(f"note: the MLPs of the vector observations are {dims['vector_layers']} × "
+                   f"{dims['vector_units']} (model.vector_layers, model.vector_units; the "
+                   f"authors' code runs 5 × 1024 at every size, docs/algorithm.md); "
+                   f"model.vector_layers=null model.vector_units=null gives size "
+                   f"{trainer.cfg.model.size}'s {dims['dense_layers']} × {dims['dense_units']}")
     if resume and trainer.counters["env_steps"] >= trainer.cfg.run.steps:
         trainer.close()
         typer.echo(f"note: the run has its {trainer.cfg.run.steps} env steps already; "

@@ -61,6 +61,8 @@ class ModelConfig:
     cnn_mult: Optional[int] = None
     latent_groups: Optional[int] = None
     latent_classes: Optional[int] = None
+    vector_units: Optional[int] = None
+    vector_layers: Optional[int] = None
     unimix: float = 0.01
     num_bins: int = 255
     bins_low: float = -20.0
@@ -81,6 +83,8 @@ class ModelConfig:
         for n in names:
             if getattr(self, n) is not None:
                 out[n] = getattr(self, n)
+        for n, of in (("vector_units", "dense_units"), ("vector_layers", "dense_layers")):
+            out[n] = out[of] if getattr(self, n) is None else getattr(self, n)
         return out
 
 
@@ -240,7 +244,9 @@ PRESETS: dict[str, dict[str, Any]] = {
               "run": {"steps": 50_000_000}},
     "atari100k": {"model": {"size": "S"}, "train": {"train_ratio": 1024},
                   "run": {"steps": 100_000}},
-    "dmc-proprio": {"env": {"num_envs": 4}, "model": {"size": "S"},
+    # DMC proprio: the vector MLPs of the authors' code, which made the published curves
+    "dmc-proprio": {"env": {"num_envs": 4},
+                    "model": {"size": "S", "vector_units": 1024, "vector_layers": 5},
                     "train": {"train_ratio": 512}, "run": {"steps": 500_000}},
     "dmc-vision": {"env": {"num_envs": 4}, "model": {"size": "S"},
                    "train": {"train_ratio": 512}, "run": {"steps": 1_000_000}},

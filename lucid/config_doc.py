@@ -41,6 +41,11 @@ DESCRIPTIONS: dict[str, str] = {
     "model.gru_units": "units of the GRU state h",
     "model.dense_units": "units of the MLP layers",
     "model.dense_layers": "hidden layers per MLP",
+    "model.vector_units": "units of the encoder's and decoder's MLP for vector observations "
+                          "(null: model.dense_units); the authors' 2023 code runs 1024 at "
+                          "every size, as preset dmc-proprio does (docs/algorithm.md)",
+    "model.vector_layers": "hidden layers of that MLP (null: model.dense_layers; the "
+                           "authors' code: 5)",
     "model.cnn_mult": "channel multiplier of the image encoder and decoder",
     "model.latent_groups": "categorical variables in the latent z",
     "model.latent_classes": "classes per categorical variable of z",

@@ -46,7 +46,7 @@ class Encoder(nn.Module):
     def __init__(self, spec: ObsSpec, dims: dict[str, int]):
         super().__init__()
         self.spec = spec
-        self.mlp = (MLP(spec.vector_dim, dims["dense_units"], dims["dense_layers"])
+        self.mlp = (MLP(spec.vector_dim, dims["vector_units"], dims["vector_layers"])
                     if spec.vectors else None)
         self.cnn = None
         if spec.images:
@@ -73,7 +73,7 @@ class Decoder(nn.Module):
     def __init__(self, spec: ObsSpec, feat_dim: int, dims: dict[str, int]):
         super().__init__()
         self.spec = spec
-        self.mlp = (Head(feat_dim, dims["dense_units"], dims["dense_layers"], spec.vector_dim)
+        self.mlp = (Head(feat_dim, dims["vector_units"], dims["vector_layers"], spec.vector_dim)
                     if spec.vectors else None)
         self.cnn = None
         if spec.images:

@@ -740,6 +740,32 @@ def test_xs_cartpole_world_model_components():
     assert n(wm.initial_h) == 256
 
 
+def test_vector_mlp_of_the_dmc_proprio_preset_is_the_authors_5_by_1024():
+    """Walker's 24-dim observation at S with the authors' vector MLPs, counted by hand:
+    encoder 24·1024 + 4·1024² + 5 LayerNorms of 2·1024; decoder from feat = 512 + 32·32
+    through 5 layers, then Linear(1024 → 24) with bias. The rest of the model is the table's
+    (the posterior's input widens with the 1024-wide embedding)."""
+    walker = (gym.spaces.Box(-np.inf, np.inf, (24,), np.float64),
+              gym.spaces.Box(-1, 1, (6,), np.float32))
+    preset = make_config("dmc-proprio")
+    assert (preset.model.vector_layers, preset.model.vector_units) == (5, 1024)
+    with torch.device("meta"):
+        ours = Agent(ObsSpec.from_space(walker[0]), ActionSpec.from_space(walker[1]),
+                     make_config("dmc-proprio"), device="meta").wm
+        table = Agent(ObsSpec.from_space(walker[0]), ActionSpec.from_space(walker[1]),
+                      make_config("dmc-proprio", model={"vector_units": None,
+                                                        "vector_layers": None}),
+                      device="meta").wm
+    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    ln = 2 * 1024
+    assert n(ours.encoder) == 24 * 1024 + 4 * 1024 ** 2 + 5 * ln == 4_229_120
+    assert n(ours.decoder) == 1536 * 1024 + 4 * 1024 ** 2 + 5 * ln + 1024 * 24 + 24 == 5_802_008
+    assert n(table.encoder) == 24 * 512 + 512 ** 2 + 2 * 2 * 512
+    assert ours.encoder.out_dim == 1024 and table.encoder.out_dim == 512
+    assert n(ours.post_mlp) - n(table.post_mlp) == 512 * 512  # [h, embedding] is 512 wider
+    assert n(ours.reward) == n(table.reward) and n(ours.gru) == n(table.gru)
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 

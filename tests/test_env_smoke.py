@@ -44,6 +44,7 @@ EVALUATED = ["CartPole-v1", "atari:Pong", "examples.custom_env:MyEnv"]
 
 runner = CliRunner()
 _runs: dict[str, Path] = {}
+_outputs: dict[str, str] = {}  # what lucid train printed
 
 
 def _train(env_id: str, tmp_path_factory) -> Path:
@@ -60,6 +61,7 @@ def _train(env_id: str, tmp_path_factory) -> Path:
             result = runner.invoke(app, args)
         assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
         _runs[env_id] = run_dir
+        _outputs[env_id] = result.output
     return _runs[env_id]
 
 
@@ -73,6 +75,10 @@ def test_lucid_train_runs_each_suite(env_id, tmp_path_factory):
     run_dir = _train(env_id, tmp_path_factory)
     config = (run_dir / "config.yaml").read_text()
     assert f"id: {env_id}" in config and "size: nano" in config
+    # dmc-proprio runs the authors' vector MLPs, at any size, and says so; no other preset
+    wide = "the MLPs of the vector observations are 5 × 1024" in _outputs[env_id]
+    assert wide == env_id.startswith("dmc:"), _outputs[env_id]
+    assert wide == ("vector_units: 1024" in config)
     rows = _jsonl(run_dir / "metrics.jsonl")
     last = rows[-1]
     assert last["env_steps"] >= steps
