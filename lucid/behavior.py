@@ -219,9 +219,10 @@ def actor_loss(actor: Actor, params, action: torch.Tensor, ret: torch.Tensor,
                tcfg: TrainConfig):
     """Eq. 11 over imagined steps 0..H-1 (`params` and `action` of those steps; `ret` (H, N);
     `value` and `weight` (H+1, N)). REINFORCE with advantages (R - v) / max(1, S) where
-    `uses_reinforce`; otherwise backprop of (R - sg(v)) / max(1, S) through the dynamics.
-    Entropy bonus."""
-    adv = (ret - value[:-1].detach()) / scale
+    `uses_reinforce`; otherwise backprop of (R - sg(v)) / max(1, S) through the dynamics
+    (of (R - v) / max(1, S) with `actor_baseline_grad`, as the authors' code). Entropy bonus."""
+    base = value[:-1] if tcfg.actor_baseline_grad else value[:-1].detach()
+    adv = (ret - base) / scale
     if uses_reinforce(actor.spec, tcfg):
         logp = actor.log_prob(params, action.detach())
         if logp.shape != adv.shape:  # a broadcast here would silently mix up steps

@@ -128,6 +128,7 @@ class TrainConfig:
     # "reinforce" uses REINFORCE for them too (the 2025 paper). Spaces with discrete actions,
     # mixed Dict/Tuple spaces included, always learn by REINFORCE.
     continuous_grad: str = "dynamics"
+    actor_baseline_grad: bool = False
     # torch.compile the update's loops and nets (observe in chunks of 8 steps, the whole
     # imagination rollout, heads, encoder, decoder, actor and critic); same maths, compiled
     # once per shape (~2.5-5 minutes on a 2-core CPU, less with train.cpp_wrapper=false; pays at

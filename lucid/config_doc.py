@@ -41,6 +41,11 @@ DESCRIPTIONS: dict[str, str] = {
     "model.gru_units": "units of the GRU state h",
     "model.dense_units": "units of the MLP layers",
     "model.dense_layers": "hidden layers per MLP",
+    "train.actor_baseline_grad": "the dynamics gradient's baseline: (R_t - v_t) / S with v_t "
+                                 "stop-gradient (false: the actor follows the returns alone, "
+                                 "as the paper words it) or with its gradient (true: the "
+                                 "authors' code and RLlib; v_t, t >= 1, depends on the "
+                                 "earlier imagined actions)",
     "model.vector_units": "units of the encoder's and decoder's MLP for vector observations "
                           "(null: model.dense_units); the authors' 2023 code runs 1024 at "
                           "every size, as preset dmc-proprio does (docs/algorithm.md)",

@@ -458,6 +458,16 @@ def test_actor_loss_continuous_dynamics_by_hand():
     # backprop through the dynamics: dL/dR = -w / (S * H * N); the value is stop-gradient
     np.testing.assert_allclose(t2n(ret.grad), -w / (1.7 * H * N), rtol=1e-6)
     assert value.grad is None or value.grad.abs().max().item() == 0.0
+    # the authors' variant leaves the baseline's gradient in: dL/dv_t = +w / (S * H * N)
+    ret.grad = None
+    tcfg = cfg("nano", entropy=0.05, actor_baseline_grad=True).train
+    loss2, _ = actor_loss(actor, actor.params(feat[:-1]), action, ret, value, weight, scale,
+                          tcfg)
+    np.testing.assert_allclose(loss2.item(), hand, rtol=1e-5)  # the same value
+    loss2.backward()
+    np.testing.assert_allclose(t2n(ret.grad), -w / (1.7 * H * N), rtol=1e-6)
+    np.testing.assert_allclose(t2n(value.grad[:-1]), w / (1.7 * H * N), rtol=1e-6)
+    assert value.grad[-1].abs().max().item() == 0.0  # v_H is no baseline
 
 
 def test_actor_loss_mixed_space_is_reinforce_over_the_product_policy_by_hand():
@@ -691,6 +701,24 @@ def test_box_actor_learns_through_the_dynamics():
     before = snapshot(agent)
     agent.train(random_batch(BOX, seed=9))
     assert not any(changed(before, snapshot(agent))["actor"])
+
+
+def test_the_baselines_gradient_reaches_a_box_actor_only_with_actor_baseline_grad():
+    def actor_after(baseline_grad: bool, critic: bool):
+        agent = make_agent(BOX, seed=3, model_lr=0.0, critic_lr=0.0, entropy=0.0,
+                           actor_baseline_grad=baseline_grad)
+        with torch.no_grad():  # rewards that depend on the state; values too if `critic`
+            agent.wm.reward.out.weight.normal_(0, 0.5)
+            if critic:
+                agent.critic.net.out.weight.normal_(0, 0.5)
+        agent.train(random_batch(BOX, seed=9))
+        return [p.detach().clone() for p in agent.actor.parameters()]
+    # a critic that predicts 0 everywhere: its gradient is 0, the flag changes nothing
+    assert all(torch.equal(a, b) for a, b in zip(actor_after(False, False),
+                                                 actor_after(True, False)))
+    # one that varies with the state: the baseline's gradient changes the actor's step
+    assert not all(torch.allclose(a, b) for a, b in zip(actor_after(False, True),
+                                                        actor_after(True, True)))
 
 
 # --------------------------------------------------------------------------- sizes
