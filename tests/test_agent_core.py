@@ -244,6 +244,41 @@ def test_imagine_shapes_and_recursion():
             torch.testing.assert_close(feats[t + 1, :, :wm.D], nxt, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("path", ["imagine", "dream", "dream-gather"])
+def test_imagined_latents_are_drawn_from_the_unimixed_prior(path):
+    """z_t of every imagined step t >= 1 is a draw from 0.99 softmax(prior logits(h_t)) + 0.01/K:
+    over 20,000 rollouts the class counts of each of the G latents at each step match the sum
+    of those probabilities (numpy, from the h_t in the features); chi-square over
+    H·G·(K-1) = 36 degrees of freedom (a mode, or no unimix, is far off)."""
+    agent = make_agent(DISCRETE, seed=5)
+    wm, actor = agent.wm, agent.actor
+    N, H = 20_000, 3
+    torch.manual_seed(6)
+    with torch.no_grad():  # sharp priors: classes the unimix alone keeps at ~0.0025
+        for p in wm.prior_out.parameters():
+            p.normal_(0, 3.0)
+    start = wm.initial(1)
+    h = (start.h + 0.5 * torch.randn(1, wm.D)).expand(N, -1).contiguous()
+    z = start.z.expand(N, -1, -1).contiguous()
+    with torch.no_grad():
+        if path == "imagine":
+            feats, _ = wm.imagine(lambda f: actor.sample(actor.params(f)), h, z, H)
+        else:
+            feats, _ = wm.dream(actor, h, z, H, gather=path == "dream-gather")
+            if path == "dream-gather":
+                feats = feats.to_dense()
+        chi2 = 0.0
+        for t in range(1, H + 1):
+            logits = wm.prior_logits(feats[t, :, :wm.D]).double().numpy()
+            e = np.exp(logits - logits.max(-1, keepdims=True))
+            probs = 0.99 * e / e.sum(-1, keepdims=True) + 0.01 / wm.K
+            expected = probs.sum(0)  # (G, K)
+            counts = feats[t, :, wm.D:].reshape(N, wm.G, wm.K).double().numpy().sum(0)
+            chi2 += ((counts - expected) ** 2 / expected).sum()
+    assert (wm.G, wm.K) == (4, 4)
+    assert chi2 < 36 + 8 * np.sqrt(2 * 36), chi2  # mean 36, sd 8.5: ~6 sd of room
+
+
 # --------------------------------------------------------------------------- world-model loss
 
 

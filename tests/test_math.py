@@ -331,6 +331,7 @@ def test_categorical_index_counts_the_cumulative_probabilities_below_u():
 
 
 def test_unimix_probs_are_the_exponentiated_logits():
+    torch.manual_seed(0)
     logits = torch.randn(64, 4, 8) * 4
     for unimix in (0.0, 0.01):
         torch.testing.assert_close(unimix_probs(logits, unimix),
@@ -352,7 +353,9 @@ def test_onehot_sample_is_onehot_and_frequencies_match():
     # 4 degrees of freedom: P(chi2 > 25) ~ 5e-5 under the right distribution
     assert chi2 < 25.0, (counts, expected)
     # the straight-through version has the same forward values (up to p - p rounding)
-    st = onehot_sample(torch.log_softmax(torch.randn(1000, 3, 7), -1))
+    logits = torch.randn(1000, 3, 7, requires_grad=True)  # a graph: the straight-through
+    st = onehot_sample(torch.log_softmax(logits, -1))   # branch runs only with one
+    assert st.requires_grad
     assert ((st - st.round()).abs() < 1e-6).all()
     assert (st.round().sum(-1) == 1).all()
     # a class of probability ~0 is never drawn

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 
 from lucid.envs import ActionSpec, ObsSpec
 from lucid.replay import Replay, to_batch
@@ -92,6 +93,23 @@ def test_images_stay_uint8_and_batches_keep_dtype():
     rep = Replay.for_spaces(obs, 3, capacity=100, num_envs=1)
     assert rep.data["obs/image"].dtype == np.uint8
     assert rep.data["obs/image"].nbytes == 100 * 16 * 16 * 3
+    g = np.random.default_rng(0)
+    for t in range(10):
+        rep.add({"obs/image": g.integers(0, 256, (1, 16, 16, 3), np.uint8),
+                 "obs/state": g.normal(size=(1, 2)).astype(np.float32),
+                 "action": g.normal(size=(1, 3)).astype(np.float32),
+                 "reward": np.full(1, t, np.float32), "is_first": np.full(1, t == 0),
+                 "is_last": np.zeros(1, bool), "is_terminal": np.zeros(1, bool)})
+    sample = rep.sample(2, 4)
+    want = {"obs/image": np.uint8, "obs/state": np.float32, "action": np.float32,
+            "reward": np.float32, "is_first": np.bool_, "is_last": np.bool_,
+            "is_terminal": np.bool_}
+    assert {k: v.dtype for k, v in sample.items()} == {k: np.dtype(d) for k, d in want.items()}
+    assert sample["obs/image"].shape == (2, 4, 16, 16, 3)
+    # pixels reach the agent as uint8 (scaled in the encoder), flags as bools
+    batch = to_batch(sample, "cpu")
+    assert batch["obs"]["image"].dtype == torch.uint8 and batch["is_first"].dtype == torch.bool
+    assert torch.equal(batch["obs"]["image"], torch.from_numpy(sample["obs/image"]))
 
 
 def _collect(env_fns, steps):
