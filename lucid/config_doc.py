@@ -46,6 +46,9 @@ DESCRIPTIONS: dict[str, str] = {
                                  "as the paper words it) or with its gradient (true: the "
                                  "authors' code and RLlib; v_t, t >= 1, depends on the "
                                  "earlier imagined actions)",
+    "run.tag": "a name for the variant a run belongs to (`run.tag=my-actor`), for changes "
+               "to the code that its config cannot show: lucid plot draws runs of different "
+               "tags as different curves and labels them by it",
     "model.vector_units": "units of the encoder's and decoder's MLP for vector observations "
                           "(null: model.dense_units); the authors' 2023 code runs 1024 at "
                           "every size, as preset dmc-proprio does (docs/algorithm.md)",
