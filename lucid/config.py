@@ -161,7 +161,7 @@ class TrainConfig:
 class RunConfig:
     steps: int = 100_000  # environment steps
     seed: int = 0
-    tag: str = ""  # the variant a run belongs to, for code changes its config cannot show
+    tag: str = ""
     device: str = "auto"
     run_dir: Optional[str] = None
     log_every: float = 10.0  # seconds between metric rows

@@ -1,0 +1,393 @@
+"""The assembly of one `Agent.train` update (lucid/agent.py), recomputed independently.
+
+The pieces (λ-returns, loss weights, return normalisation, actor and critic losses, heads)
+are unit-tested elsewhere; these tests check that `Agent._update` puts them together as
+docs/algorithm.md says. During a real update they capture the imagined trajectory (features
+of steps 0..H and the actions) and copies of the heads as they were when it was imagined,
+evaluate the heads on those features, and redo everything after that in float64 numpy loops
+that share no code with lucid's behaviour functions:
+
+* rewards r_t = two-hot mean of the reward head at step t (t = 1..H; step 0's is unused);
+* continues c_t = [continue logit > 0] (t = 1..H), c_0 = 1 - is_terminal of the start;
+* values v_t = two-hot mean of the (fast) critic at steps 0..H;
+* λ-returns R_H = v_H, R_t = r_{t+1} + γ c_{t+1} ((1 - λ) v_{t+1} + λ R_{t+1}), real space;
+* weights w_t = prod_{i<=t} (γ c_i) / γ for t = 0..H-1;
+* return scale S = max(1, high - low), the 5th/95th percentiles' EMA (0.99) updated by this
+  batch's returns before use;
+* actor loss -mean(w_t (log π(a_t | s_t) sg((R_t - v_t) / S) + η H[π(s_t)])) (REINFORCE,
+  discrete) or -mean(w_t ((R_t - v_t) / S + η H[π(s_t)])) (Box, through the dynamics);
+* critic loss mean(w_t (CE(twohot(symlog R_t)) + slow_critic_reg CE(twohot(symlog v^slow_t)))).
+
+Gradient clipping is checked through the parameter change of the first Adam step, which
+is -lr g_c / (|g_c| + eps) elementwise for the clipped gradient g_c.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from lucid.agent import Agent
+from lucid.config import make_config
+from lucid.envs.spaces import ActionSpec, ObsSpec
+from lucid.nets import OneHotCat
+
+VEC = ObsSpec(vectors={"vector": 4})
+DISCRETE = ActionSpec.from_space(gym.spaces.Discrete(3))
+BOX = ActionSpec.from_space(gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
+BINS = np.linspace(-20.0, 20.0, 255)  # model.num_bins, bins_low, bins_high (defaults)
+
+# Non-default constants, so that a swapped or dropped constant changes the numbers.
+GAMMA, LAM, ETA, SLOW_REG = 0.9, 0.7, 0.05, 0.4
+H = 5
+# The return normaliser's EMA before the update (as if after earlier updates): S > 1.
+LOW0, HIGH0 = -3.0, 4.0
+
+
+# --------------------------------------------------------------------------- numpy helpers
+
+
+def np_symlog(x):
+    return np.sign(x) * np.log1p(np.abs(x))
+
+
+def np_symexp(x):
+    return np.sign(x) * np.expm1(np.abs(x))
+
+
+def np_log_softmax(x):
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def np_twohot(y):
+    """Two-hot encoding of the symlog-space values y over BINS (clipped to the range)."""
+    y = np.clip(np.asarray(y, np.float64), BINS[0], BINS[-1])
+    out = np.zeros(y.shape + (len(BINS),))
+    for idx in np.ndindex(y.shape):
+        k = min(int(np.searchsorted(BINS, y[idx], side="right")) - 1, len(BINS) - 2)
+        frac = (y[idx] - BINS[k]) / (BINS[k + 1] - BINS[k])
+        out[idx + (k,)] += 1 - frac
+        out[idx + (k + 1,)] += frac
+    return out
+
+
+def np_twohot_ce(logits, target_real):
+    return -(np_twohot(np_symlog(target_real)) * np_log_softmax(logits)).sum(-1)
+
+
+def np_twohot_mean(logits):
+    return np_symexp((np.exp(np_log_softmax(logits)) * BINS).sum(-1))
+
+
+def t2n(x):
+    return x.detach().double().cpu().numpy()
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def make_agent(act: ActionSpec, seed: int, **train) -> Agent:
+    torch.manual_seed(seed)
+    settings = dict(horizon=H, gamma=GAMMA, lam=LAM, entropy=ETA, slow_critic_reg=SLOW_REG)
+    settings.update(train)
+    config = make_config(model={"size": "nano"}, train=settings)
+    agent = Agent(VEC, act, config)
+    with torch.no_grad():
+        # Rewards and values that vary with the state (the output layers start at zero), a
+        # slow critic unlike the fast one, continue logits of both signs.
+        agent.wm.reward.out.weight.normal_(0, 0.5)
+        agent.critic.net.out.weight.normal_(0, 0.5)
+        agent.critic.net.out.bias.normal_(0, 0.5)
+        agent.critic.slow.out.weight.normal_(0, 0.5)
+        agent.critic.slow.out.bias.normal_(0, 0.5)
+        agent.wm.cont.out.weight.mul_(5.0)
+        agent.retnorm.low.fill_(LOW0)
+        agent.retnorm.high.fill_(HIGH0)
+    return agent
+
+
+def make_batch(act: ActionSpec, B=3, T=6, seed=0):
+    """A replayed (B, T) batch; about a third of the steps (not the first) are terminal."""
+    g = torch.Generator().manual_seed(seed)
+    if act.is_discrete:
+        (n,) = act.discrete
+        action = torch.eye(n)[torch.randint(0, n, (B, T), generator=g)]
+    else:
+        action = torch.rand(B, T, act.dim, generator=g) * 2 - 1
+    is_first = torch.zeros(B, T, dtype=torch.bool)
+    is_first[:, 0] = True
+    is_terminal = torch.rand(B, T, generator=g) < 0.35
+    is_terminal[:, 0] = False
+    return {
+        "obs": {"vector": torch.randn(B, T, 4, generator=g) * 2},
+        "action": action,
+        "reward": torch.randn(B, T, generator=g),
+        "is_first": is_first,
+        "is_terminal": is_terminal,
+        "is_last": is_terminal.clone(),
+    }
+
+
+def dense(feat) -> torch.Tensor:
+    return feat.to_dense() if isinstance(feat, OneHotCat) else feat
+
+
+def capture_imagination(agent: Agent, monkeypatch) -> dict:
+    """Wrap the world model's imagination (`dream` for REINFORCE, `imagine` through the
+    dynamics) to record its features (H+1, N, F) and actions (H, N, A), and copies of the
+    reward and continue heads, the actor and both critics as they were at that moment (after
+    the world model's step, before the actor's and the critic's)."""
+    rec = {}
+
+    def wrap(fn):
+        def wrapped(*args, **kwargs):
+            feat, action = fn(*args, **kwargs)
+            rec["feat"] = dense(feat).detach().clone()
+            rec["action"] = action.detach().clone()
+            rec["nets"] = copy.deepcopy({"reward": agent.wm.reward, "cont": agent.wm.cont,
+                                         "actor": agent.actor.head, "critic": agent.critic.net,
+                                         "slow": agent.critic.slow})
+            return feat, action
+        return wrapped
+
+    monkeypatch.setattr(agent.wm, "dream", wrap(agent.wm.dream))
+    monkeypatch.setattr(agent.wm, "imagine", wrap(agent.wm.imagine))
+    return rec
+
+
+def expected_update(rec: dict, batch: dict, act: ActionSpec, unimix=0.01,
+                    min_std=0.1, max_std=1.0) -> dict:
+    """Every imagination metric of the update, from the captured trajectory, in numpy."""
+    nets, feat = rec["nets"], rec["feat"]
+    with torch.no_grad():
+        heads = {k: t2n(m(feat)) for k, m in nets.items()}
+    nb = len(BINS)
+    reward = np_twohot_mean(heads["reward"][..., :nb])       # (H+1, N); row 0 unused
+    cont_logit = heads["cont"][..., 0]                        # (H+1, N)
+    value = np_twohot_mean(heads["critic"][..., :nb])         # (H+1, N)
+    slow = np_twohot_mean(heads["slow"][..., :nb])            # (H+1, N)
+    critic_logits = heads["critic"][..., :nb]
+    N = feat.shape[1]
+    assert reward.shape == (H + 1, N)
+
+    cont = np.zeros((H + 1, N))
+    cont[0] = 1.0 - t2n(batch["is_terminal"].reshape(-1))     # starts in B-major order
+    for t in range(1, H + 1):
+        cont[t] = (cont_logit[t] > 0).astype(np.float64)
+
+    ret = np.zeros((H + 1, N))
+    ret[H] = value[H]
+    for t in range(H - 1, -1, -1):
+        ret[t] = reward[t + 1] + GAMMA * cont[t + 1] * (
+            (1 - LAM) * value[t + 1] + LAM * ret[t + 1])
+    ret = ret[:H]
+
+    weight = np.zeros((H, N))
+    for n in range(N):
+        prod = 1.0
+        for t in range(H):
+            prod *= GAMMA * cont[t, n]
+            weight[t, n] = prod / GAMMA
+
+    low = 0.99 * LOW0 + 0.01 * np.percentile(ret, 5)
+    high = 0.99 * HIGH0 + 0.01 * np.percentile(ret, 95)
+    scale = max(1.0, high - low)
+    adv = (ret - value[:H]) / scale
+
+    x = heads["actor"][:H]
+    action = t2n(rec["action"])
+    if act.is_discrete:  # unimix categorical, REINFORCE
+        probs = (1 - unimix) * np.exp(np_log_softmax(x)) + unimix / x.shape[-1]
+        logp = (np.log(probs) * action).sum(-1)
+        ent = -(probs * np.log(probs)).sum(-1)
+        objective = logp * adv
+    else:  # Normal(tanh mean, std in [min, max]), the return's gradient through the dynamics
+        mean_raw, std_raw = np.split(x, 2, -1)
+        std = (max_std - min_std) / (1 + np.exp(-(std_raw + 2.0))) + min_std
+        ent = (0.5 * np.log(2 * np.pi * np.e * std ** 2)).sum(-1)
+        objective = adv
+    a_loss = -(weight * (objective + ETA * ent)).mean()
+
+    l_ret = np_twohot_ce(critic_logits[:H], ret)
+    l_reg = np_twohot_ce(critic_logits[:H], slow[:H])
+    c_loss = (weight * (l_ret + SLOW_REG * l_reg)).mean()
+
+    return {
+        "world_model/imagined_reward_mean": reward[1:].mean(),
+        "world_model/imagined_continue_mean": cont.mean(),
+        "critic/value_mean": value[:H].mean(),
+        "critic/return_mean": ret.mean(),
+        "actor/return_low": low,
+        "actor/return_high": high,
+        "actor/return_scale": scale,
+        "actor/advantage_mag": np.abs(adv).mean(),
+        "actor/entropy": ent.mean(),
+        "actor/loss": a_loss,
+        "critic/return_loss": l_ret.mean(),
+        "critic/slow_reg": l_reg.mean(),
+        "critic/loss": c_loss,
+        "_cont": cont,
+        "_weight": weight,
+    }
+
+
+def assert_metrics_match(metrics: dict, want: dict):
+    bad = {}
+    for key, value in want.items():
+        if key.startswith("_"):
+            continue
+        got = metrics[key]
+        if not np.isclose(got, value, rtol=2e-5, atol=1e-6):
+            bad[key] = (got, value)
+    assert not bad, "agent metric != numpy (got, want): " + repr(bad)
+
+
+# --------------------------------------------------------------------------- the losses
+
+
+@pytest.mark.parametrize("act", [DISCRETE, BOX], ids=["discrete-reinforce", "box-dynamics"])
+def test_update_metrics_match_a_numpy_recomputation_of_the_imagination(act, monkeypatch):
+    """Independent computation: from the captured imagined features and actions and the heads
+    as they were when imagining, numpy loops rebuild rewards (reward head at steps 1..H),
+    continues (mode of the continue head; step 0 = 1 - is_terminal of the start), fast-critic
+    values, λ-returns with γ = train.gamma and λ = train.lam, weights prod(γ c)/γ, the
+    percentile EMA scale (updated before use, from a non-zero EMA so that S > 1), the actor
+    loss (REINFORCE for Discrete, dynamics objective for Box) with its entropy bonus, and the
+    critic loss (toward the returns plus slow_critic_reg times toward the slow critic).
+    Every imagination metric Agent.train reports must equal them."""
+    agent = make_agent(act, seed=11)
+    rec = capture_imagination(agent, monkeypatch)
+    batch = make_batch(act, seed=5)
+    torch.manual_seed(3)
+    metrics = agent.train(batch)
+    want = expected_update(rec, batch, act)
+
+    # the setup exercises what it means to check: terminal starts, imagined ends, S > 1
+    cont = want["_cont"]
+    assert 0 < cont[0].sum() < cont.shape[1]
+    assert 0 < cont[1:].sum() < cont[1:].size
+    assert want["actor/return_scale"] > 2.0
+    assert metrics["train/nonfinite_steps"] == 0
+    assert_metrics_match(metrics, want)
+
+
+def test_the_update_runs_from_the_updated_world_model_and_a_zero_return_ema(monkeypatch):
+    """Independent computation as above, with a world-model learning rate > 0 and the return
+    normaliser fresh (EMA of 0): the heads copied at imagination time are the world model's
+    after its step, and S = max(1, 0.01 (P95 - P5)) is the floor 1 here."""
+    agent = make_agent(DISCRETE, seed=12, model_lr=1e-3)
+    with torch.no_grad():
+        agent.retnorm.low.zero_()
+        agent.retnorm.high.zero_()
+    rec = capture_imagination(agent, monkeypatch)
+    batch = make_batch(DISCRETE, seed=6)
+    reward_before = copy.deepcopy(agent.wm.reward)
+    torch.manual_seed(4)
+    metrics = agent.train(batch)
+    # the world model did move before imagining
+    assert any(not torch.equal(a, b) for a, b in zip(reward_before.parameters(),
+                                                     rec["nets"]["reward"].parameters()))
+    global LOW0, HIGH0
+    saved = LOW0, HIGH0
+    LOW0 = HIGH0 = 0.0
+    try:
+        want = expected_update(rec, batch, DISCRETE)
+    finally:
+        LOW0, HIGH0 = saved
+    assert want["actor/return_scale"] == 1.0
+    assert_metrics_match(metrics, want)
+
+
+def test_the_critic_and_actor_gradients_are_those_of_the_weighted_losses(monkeypatch):
+    """Independent computation: the critic's logits' gradient of the numpy critic loss,
+    d/dlogits mean(w_t (CE_ret + reg CE_slow)) = w_t (softmax - twohot_ret - reg twohot_slow
+    + reg softmax) / (H N), pushed back through the critic's output layer (its MLP features
+    recomputed on the captured states), must equal the gradient the update applied to the
+    critic's output bias and weight (recorded before clipping)."""
+    agent = make_agent(DISCRETE, seed=13)
+    rec = capture_imagination(agent, monkeypatch)
+    grads = {}
+    out = agent.critic.net.out
+    for name, p in (("bias", out.bias), ("weight", out.weight)):
+        p.register_post_accumulate_grad_hook(
+            lambda p, name=name: grads.__setitem__(name, t2n(p.grad).copy()))
+    batch = make_batch(DISCRETE, seed=7)
+    torch.manual_seed(5)
+    metrics = agent.train(batch)
+    want = expected_update(rec, batch, DISCRETE)
+    assert_metrics_match(metrics, want)
+
+    nb = len(BINS)
+    feat = rec["feat"][:H]
+    with torch.no_grad():
+        hidden = t2n(rec["nets"]["critic"].mlp(feat))          # (H, N, U)
+        logits = t2n(rec["nets"]["critic"](feat))[..., :nb]
+        slow = np_twohot_mean(t2n(rec["nets"]["slow"](feat))[..., :nb])
+    # the returns, as numpy computed them, from the loss metric's inputs
+    ret = _returns(rec, batch)
+    p = np.exp(np_log_softmax(logits))
+    w = want["_weight"][..., None]
+    dlogits = w * ((p - np_twohot(np_symlog(ret))) + SLOW_REG * (p - np_twohot(np_symlog(slow))))
+    dlogits /= H * feat.shape[1]
+    np.testing.assert_allclose(grads["bias"][:nb], dlogits.sum((0, 1)), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(grads["weight"][:nb], np.einsum("tnk,tnu->ku", dlogits, hidden),
+                               rtol=1e-4, atol=1e-7)
+
+
+def _returns(rec, batch):
+    """The λ-returns of `expected_update` (numpy)."""
+    nets, feat = rec["nets"], rec["feat"]
+    nb = len(BINS)
+    with torch.no_grad():
+        reward = np_twohot_mean(t2n(nets["reward"](feat))[..., :nb])
+        cont = (t2n(nets["cont"](feat))[..., 0] > 0).astype(np.float64)
+        value = np_twohot_mean(t2n(nets["critic"](feat))[..., :nb])
+    cont[0] = 1.0 - t2n(batch["is_terminal"].reshape(-1))
+    ret = [value[H]]
+    for t in range(H - 1, -1, -1):
+        ret.append(reward[t + 1] + GAMMA * cont[t + 1] * ((1 - LAM) * value[t + 1]
+                                                          + LAM * ret[-1]))
+    return np.stack(ret[::-1][:H])
+
+
+# --------------------------------------------------------------------------- clipping
+
+
+@pytest.mark.parametrize("act", [DISCRETE, BOX], ids=["discrete", "box"])
+def test_each_optimiser_steps_on_the_globally_clipped_gradient(act):
+    """Independent computation: with clips far below the gradients' norms, each component's
+    gradient g is recorded as backward accumulates it (before clipping); its global norm
+    |g| must be the reported grad_norm, the clipped gradient is g_c = g · clip / (|g| + 1e-6),
+    and the first Adam step moves every parameter by exactly -lr g_c / (|g_c| + eps)
+    (m̂ = g_c, v̂ = g_c²). Unclipped, that step would be ≈ -lr sign(g): ten times as large."""
+    clip, lr, eps = 1e-6, 1e-2, 1e-5
+    agent = make_agent(act, seed=14, model_clip=clip, actor_clip=clip, critic_clip=clip,
+                       model_lr=lr, actor_lr=lr, critic_lr=lr,
+                       model_eps=eps, actor_eps=eps, critic_eps=eps)
+    groups = {"world_model": agent.wm, "actor": agent.actor, "critic": agent.critic.net}
+    grads = {k: {} for k in groups}
+    before = {}
+    for g, module in groups.items():
+        for name, p in module.named_parameters():
+            before[g, name] = t2n(p).copy()
+            p.register_post_accumulate_grad_hook(
+                lambda p, g=g, name=name: grads[g].__setitem__(name, t2n(p.grad).copy()))
+    torch.manual_seed(6)
+    metrics = agent.train(make_batch(act, seed=8))
+    assert metrics["train/nonfinite_steps"] == 0
+    for g, module in groups.items():
+        assert set(grads[g]) == {n for n, _ in module.named_parameters()}
+        norm = np.sqrt(sum((x ** 2).sum() for x in grads[g].values()))
+        assert norm > 1e3 * clip, g  # the clip is active
+        np.testing.assert_allclose(metrics[f"{g}/grad_norm"], norm, rtol=1e-4)
+        coef = clip / (norm + 1e-6)
+        for name, p in module.named_parameters():
+            g_c = grads[g][name] * coef
+            want = -lr * g_c / (np.abs(g_c) + eps)
+            np.testing.assert_allclose(t2n(p) - before[g, name], want, rtol=0, atol=2e-6,
+                                       err_msg=f"{g}.{name}")
