@@ -18,6 +18,7 @@ from .behavior import (Actor, Critic, ReturnNorm, actor_loss, critic_loss, episo
                        imagined_weights, lambda_return, replay_critic_loss, replay_lambda_return,
                        uses_reinforce)
 from .config import Config
+from .nets import dense_for
 from .envs.spaces import ActionSpec, ObsSpec
 from .world_model import State, WorldModel
 
@@ -50,7 +51,56 @@ def _adam(params, lr, eps, capturable=False):
 COMPILE_CHUNK = 8
 
 
+def _check_trained(opt, params: list, optimizers: dict) -> None:
+    """A network replaced after Agent.__init__ would silently never train (its optimiser holds
+    the old one's parameters): refuse it, naming the way that works."""
+    held = {id(p) for g in opt.param_groups for p in g["params"]}
+    if {id(p) for p in params} != held:
+        name = next(k for k, o in optimizers.items() if o is opt)
+        raise RuntimeError(
+            f"the {name}'s parameters are not the ones its optimiser was made over: a module "
+            f"replaced after Agent.__init__ would never train. Return it from "
+            f"Agent.build_{'world_model' if name == 'world_model' else name} in a subclass "
+            f"and name that in model.agent (docs/extending.md)")
+
+
+def _key_difference(module: str, own: dict, theirs: dict, show: int = 3) -> str:
+    """What a checkpoint's parameter names lack and hold beyond this agent's, a few of each."""
+    def some(names):
+        names = sorted(names)
+        more = f" and {len(names) - show} more" if len(names) > show else ""
+        return ", ".join(f"{module}.{n}" for n in names[:show]) + more
+    missing, extra = own.keys() - theirs.keys(), theirs.keys() - own.keys()
+    return "; ".join(([f"it lacks {some(missing)}"] if missing else [])
+                     + ([f"it holds {some(extra)}, which this agent has not"] if extra else []))
+
+
+def agent_class(config: Config) -> type:
+    """The Agent class that `model.agent` names (lucid's own when it is empty)."""
+    spec = config.model.agent
+    if not spec:
+        return Agent
+    from .config import ConfigError
+    from .envs import import_attr
+    try:
+        cls = import_attr(spec)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"model.agent={spec!r} cannot be loaded ({type(exc).__name__}: "
+                          f"{exc}); give `module.path:Class` or `path/to/file.py:Class` of "
+                          f"a subclass of lucid.agent.Agent") from None
+    if not (isinstance(cls, type) and issubclass(cls, Agent)):
+        raise ConfigError(f"model.agent={spec!r} is {cls!r}, not a subclass of "
+                          f"lucid.agent.Agent")
+    return cls
+
+
 class Agent:
+    """World model, actor and critic with their optimisers. To change a network, subclass
+    and override `build_world_model`, `build_actor` or `build_critic`: they are called before
+    the optimisers are made, so what they return is what trains. Name the subclass in
+    `model.agent` (`module.path:Class` or `path/to/file.py:Class`), so that every process that
+    builds the run's agent (evaluation, resume, Ray runners) builds the same (docs/extending.md)."""
+
     def __init__(self, obs_spec: ObsSpec, act_spec: ActionSpec, config: Config,
                  device: str | torch.device = "cpu"):
         self.config = config
@@ -60,12 +110,11 @@ class Agent:
         if t.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"train.cuda_graph=true needs a CUDA device, not {self.device}: "
                              f"use --device cuda, or train.cuda_graph=false")
-        self.wm = WorldModel(obs_spec, act_spec.dim, m, box_from=None if act_spec.is_discrete
-                             else act_spec.n_discrete).to(self.device)
-        if self.wm.encoder.cnn is not None:
+        self.wm = self.build_world_model().to(self.device)
+        if getattr(self.wm.encoder, "cnn", None) is not None:
             self.wm.encoder.cnn.channels_last = t.channels_last
-        self.actor = Actor(self.wm.feat_dim, act_spec, m).to(self.device)
-        self.critic = Critic(self.wm.feat_dim, m).to(self.device)
+        self.actor = self.build_actor().to(self.device)
+        self.critic = self.build_critic().to(self.device)
         self.retnorm = ReturnNorm(t.return_norm_decay, t.return_norm_low, t.return_norm_high,
                                   t.return_norm_min_scale).to(self.device)
         # The update reads nothing back to the host (metrics stay tensors; non-finite steps
@@ -81,6 +130,7 @@ class Agent:
         self.opt_actor = _adam(self.actor.parameters(), t.actor_lr, t.actor_eps, graph)
         self.opt_critic = _adam(self.critic.net.parameters(), t.critic_lr, t.critic_eps, graph)
         self.updates = 0
+        self._checked: set = set()  # optimisers whose parameters _step has compared
         self._graph: GraphedUpdate | None = None  # train.cuda_graph: captured at first update
         # Data-parallel learners (lucid.distributed): `grad_sync(params, loss)` averages the
         # gradients and the loss over ranks between backward and clipping; `gather(x)` joins
@@ -89,6 +139,17 @@ class Agent:
         self.gather = None
         if t.compile:
             self._compile()
+
+    def build_world_model(self) -> WorldModel:
+        act = self.act_spec
+        return WorldModel(self.obs_spec, act.dim, self.config.model,
+                          box_from=None if act.is_discrete else act.n_discrete)
+
+    def build_actor(self) -> Actor:
+        return Actor(self.wm.feat_dim, self.act_spec, self.config.model)
+
+    def build_critic(self) -> Critic:
+        return Critic(self.wm.feat_dim, self.config.model)
 
     # ------------------------------------------------------------------ compilation
 
@@ -169,6 +230,10 @@ class Agent:
         (fused Adam's `found_inf`: parameters, moments and step count stay as they were).
         Returns the gradient norm before clipping and whether the step was taken (0-d bool)."""
         opt.zero_grad(set_to_none=True)
+        if opt not in self._checked:
+            params = list(params)
+            _check_trained(opt, params, self.optimizers())
+            self._checked.add(opt)
         loss.backward()
         if self.grad_sync is not None:  # same averaged gradients (and decision) on every rank
             params = list(params)
@@ -226,9 +291,9 @@ class Agent:
                     feat, action = wm.dream(actor, h, z, t.horizon, gather=t.onehot_gather)
                 # 3. Dreamed rewards (mean), continues (mode) and values -> λ-returns (real
                 # space). Step 0's reward is never used; its continue is known from the replay.
-                reward = wm.twohot.mean(wm.reward(feat[1:]))
+                reward = wm.twohot.mean(wm.reward(dense_for(wm.reward, feat[1:])))
                 reward = torch.cat([torch.zeros_like(reward[:1]), reward], 0)
-                cont = (wm.cont(feat[1:]).squeeze(-1) > 0).float()
+                cont = (wm.cont(dense_for(wm.cont, feat[1:])).squeeze(-1) > 0).float()
                 cont = torch.cat([start_cont[None], cont], 0)
             critic_probs = None  # the critic logits' softmax, when the values have it
             if dynamics_grad:  # values must pass gradients to the imagined states
@@ -316,10 +381,13 @@ class Agent:
     def load_state_dict(self, state: dict) -> None:
         for k, m in self.modules().items():
             own, theirs = m.state_dict(), state["modules"][k]
+            if own.keys() != theirs.keys():
+                raise ValueError(f"checkpoint does not match this agent's {k}: "
+                                 f"{_key_difference(k, own, theirs)}; it was saved by another "
+                                 f"model configuration, or by other networks than the ones "
+                                 f"this agent builds (model.agent="
+                                 f"{self.config.model.agent or 'lucid.agent:Agent'})")
             for name, tensor in own.items():
-                if name not in theirs:
-                    raise ValueError(f"checkpoint lacks {k}.{name}; it was saved by another "
-                                     f"model configuration")
                 if theirs[name].shape != tensor.shape:
                     raise ValueError(
                         f"checkpoint does not match this agent: {k}.{name} has shape "

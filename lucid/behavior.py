@@ -9,8 +9,8 @@ from torch import nn
 
 from .config import ModelConfig, TrainConfig
 from .envs.spaces import ActionSpec
-from .nets import (Head, TwoHot, categorical_entropy, fp32, onehot_mode, onehot_sample,
-                   unimix_logits)
+from .nets import (Head, TwoHot, categorical_entropy, dense_for, fp32, onehot_mode,
+                   onehot_sample, unimix_logits)
 
 
 def lambda_return(reward: torch.Tensor, cont: torch.Tensor, value: torch.Tensor,
@@ -116,7 +116,7 @@ class Actor(nn.Module):
         self.head = Head(feat_dim, dims["dense_units"], dims["dense_layers"], out)
 
     def params(self, feat: torch.Tensor) -> list[torch.Tensor]:
-        x = fp32(self.head(feat))  # distribution parameters in fp32 (bf16 autocast)
+        x = fp32(self.head(dense_for(self.head, feat)))  # parameters in fp32 (bf16 autocast)
         sizes = self.groups + ([2 * self.n_box] if self.n_box else [])
         parts = x.split(sizes, -1)
         out = [unimix_logits(p, self.unimix) for p in parts[:len(self.groups)]]
@@ -201,10 +201,11 @@ class Critic(nn.Module):
         self.slow = copy.deepcopy(self.net).requires_grad_(False)
 
     def forward(self, feat: torch.Tensor) -> torch.Tensor:
-        return fp32(self.net(feat))  # fp32 logits for the two-hot loss (bf16 autocast)
+        return fp32(self.net(dense_for(self.net, feat)))  # fp32 logits (bf16 autocast)
 
     def value(self, feat: torch.Tensor, slow: bool = False) -> torch.Tensor:
-        return self.twohot.mean((self.slow if slow else self.net)(feat))
+        net = self.slow if slow else self.net
+        return self.twohot.mean(net(dense_for(net, feat)))
 
     @torch.no_grad()
     def update_slow(self, fraction: float | torch.Tensor) -> None:

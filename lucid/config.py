@@ -54,6 +54,7 @@ class EnvConfig:
 @dataclass
 class ModelConfig:
     size: str = "XS"
+    agent: str = ""
     # Explicit overrides of the size table (None = take it from `size`).
     gru_units: Optional[int] = None
     dense_units: Optional[int] = None

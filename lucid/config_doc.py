@@ -49,6 +49,10 @@ DESCRIPTIONS: dict[str, str] = {
     "run.tag": "a name for the variant a run belongs to (`run.tag=my-actor`), for changes "
                "to the code that its config cannot show: lucid plot draws runs of different "
                "tags as different curves and labels them by it",
+    "model.agent": "the Agent class, `module.path:Class` or `path/to/file.py:Class` of a "
+                   "subclass of lucid.agent.Agent whose build_world_model / build_actor / "
+                   "build_critic return other networks (empty: lucid's own; "
+                   "docs/extending.md)",
     "model.vector_units": "units of the encoder's and decoder's MLP for vector observations "
                           "(null: model.dense_units); the authors' 2023 code runs 1024 at "
                           "every size, as preset dmc-proprio does (docs/algorithm.md)",

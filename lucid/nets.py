@@ -323,6 +323,12 @@ class OneHotCat:
                          torch.stack([x.idx for x in items]), first.classes, first.at)
 
 
+def dense_for(module: nn.Module, x: torch.Tensor | OneHotCat) -> torch.Tensor | OneHotCat:
+    """`x` as `module` takes it: lucid's MLP and Head take a `OneHotCat` as it is (they
+    gather); any other module (a network of a subclassed Agent) gets the plain features."""
+    return x.to_dense() if isinstance(x, OneHotCat) and not isinstance(module, (MLP, Head)) else x
+
+
 def linear_in(layer: nn.Linear, x: torch.Tensor | OneHotCat) -> torch.Tensor:
     """`layer(x)`, where x may be a `OneHotCat`."""
     if not isinstance(x, OneHotCat):

@@ -44,7 +44,7 @@ class EnvRunner:
     """Steps `num_envs` envs with a CPU copy of the policy; becomes a Ray actor."""
 
     def __init__(self, cfg_yaml: str, index: int, seed: int, num_envs: int):
-        from .agent import Agent
+        from .agent import agent_class
         from .config import from_yaml
         from .envs import env_fn
         from .runner import Collector, restarting
@@ -56,7 +56,7 @@ class EnvRunner:
         obs_spec, act_spec = spaces_of(cfg)
         if getattr(cfg.train, "compile", False):
             cfg.train.compile = False  # acting only: not worth compiling
-        self.agent = Agent(obs_spec, act_spec, cfg, "cpu")
+        self.agent = agent_class(cfg)(obs_spec, act_spec, cfg, "cpu")
         make = env_fn(cfg.env.id, cfg.env.max_episode_steps,
                       **dict(getattr(cfg.env, "kwargs", None) or {}))
         self.collector = Collector([restarting(make, cfg.env.max_restarts)] * num_envs,

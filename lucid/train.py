@@ -25,7 +25,7 @@ import torch
 import yaml
 
 from . import checkpoint as ckpt
-from .agent import Agent
+from .agent import agent_class
 from .config import (RESUME_SETTABLE, Config, ConfigError, as_dict, flatten, from_yaml,
                      make_config, to_yaml)
 from .envs import (INSTANCE_PREFIX, ActionSpec, ObsSpec, env_fn, env_label, is_file_id,
@@ -334,7 +334,7 @@ class Trainer:
         if cfg.run.tune_malloc:
             tune_malloc()
         seed_everything(cfg.run.seed + 7919 * self.rank)
-        self.agent = Agent(self.obs_spec, self.act_spec, cfg, self.device)
+        self.agent = agent_class(cfg)(self.obs_spec, self.act_spec, cfg, self.device)
         self.replay = self._make_replay()
         self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0,
                          "nonfinite_updates": 0, "env_restarts": 0}

@@ -214,7 +214,8 @@ def _finds(top: str, file: Path) -> bool:
     return found is not None and found.origin is not None and Path(found.origin).resolve() == file
 
 
-def _import_attr(spec: str):
+def import_attr(spec: str):
+    """The object a `module.path:Attr` or `path/to/file.py:Attr` names."""
     found = _file_id(spec)
     if found is not None:
         path, attr = found
@@ -289,7 +290,7 @@ def _takes(fn, kwargs: dict) -> bool:
 
 def _user_env(spec: str, **kwargs) -> gym.Env:
     try:
-        obj = _import_attr(spec)
+        obj = import_attr(spec)
     except (ImportError, AttributeError, ValueError) as exc:
         if isinstance(exc, MissingExtraError):
             raise
@@ -372,7 +373,7 @@ def make_env(env_id: str, max_episode_steps: int | None = None, render_mode: str
         if not close and "." in env_id:  # my_pkg.envs.MyEnv for my_pkg.envs:MyEnv
             module, _, attr = env_id.rpartition(".")
             try:
-                _import_attr(f"{module}:{attr}")
+                import_attr(f"{module}:{attr}")
                 close = [f"{module}:{attr}"]
             except Exception:
                 pass

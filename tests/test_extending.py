@@ -1,0 +1,127 @@
+"""Extending the agent (docs/extending.md): a subclass of lucid.agent.Agent named in
+`model.agent` builds its own networks, which train, checkpoint, resume and evaluate; a
+network swapped in after the optimisers were made is refused instead of silently frozen."""
+
+import textwrap
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lucid.agent import Agent, agent_class
+from lucid.cli import app
+from lucid.config import ConfigError, make_config
+from lucid.train import Trainer
+
+# A plain torch network (no lucid layers) as the actor: it receives dense features, also
+# where imagination keeps z as class indices (train.onehot_gather, on by default).
+AGENT_FILE = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    from lucid.agent import Agent
+
+
+    class SmallNet(nn.Module):
+        def __init__(self, inp, out):
+            super().__init__()
+            self.inp, self.out = nn.Linear(inp, 32), nn.Linear(32, out)
+
+        def forward(self, x):
+            return self.out(torch.tanh(self.inp(x)))
+
+
+    class MyAgent(Agent):
+        def build_actor(self):
+            actor = super().build_actor()
+            box = self.act_spec.dim - self.act_spec.n_discrete
+            actor.head = SmallNet(self.wm.feat_dim, self.act_spec.n_discrete + 2 * box)
+            return actor
+''')
+
+
+def _cfg(run_dir, **model):
+    return make_config("default", env={"id": "CartPole-v1"},
+                       model={"size": "nano", **model},
+                       train={"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 20,
+                              "train_ratio": 16},
+                       run={"steps": 60, "progress": False, "run_dir": str(run_dir),
+                            "log_every": 0.0, "videos": False})
+
+
+def test_a_subclassed_agent_trains_its_own_network_resumes_and_evaluates(tmp_path):
+    (tmp_path / "my_agent.py").write_text(AGENT_FILE)
+    spec = f"{tmp_path / 'my_agent.py'}:MyAgent"
+    tr = Trainer(_cfg(tmp_path / "run", agent=spec))
+    assert type(tr.agent).__name__ == "MyAgent"
+    head = tr.agent.actor.head
+    assert type(head).__name__ == "SmallNet"
+    before = [p.detach().clone() for p in head.parameters()]
+    tr.run()
+    tr.close()
+    assert tr.counters["updates"] > 0
+    assert all(not torch.equal(a, b) for a, b in zip(before, head.parameters()))  # it trained
+    # the run's config names the class: a resume builds the same agent, with its weights
+    again = Trainer(make_config("default", run={"steps": 80}), tmp_path / "run", resume=True)
+    assert type(again.agent.actor.head).__name__ == "SmallNet"
+    for a, b in zip(head.parameters(), again.agent.actor.head.parameters()):
+        assert torch.equal(a, b)
+    again.run()
+    again.close()
+    assert again.counters["env_steps"] == 80
+    r = CliRunner().invoke(app, ["eval", str(tmp_path / "run"), "--episodes", "1"])
+    assert r.exit_code == 0, r.output
+
+
+def test_a_network_swapped_in_after_the_optimisers_were_made_is_refused():
+    agent = Agent(*_spaces(), _cfg("unused"))
+    agent.actor.head = torch.nn.Linear(agent.wm.feat_dim, 2)  # the optimiser holds the old one
+    batch = _batch(agent)
+    with pytest.raises(RuntimeError, match=r"actor's parameters are not the ones its optimiser "
+                                           r"was made over.*Agent\.build_actor.*model\.agent"):
+        agent.train(batch)
+
+
+def test_a_checkpoint_of_other_networks_names_what_differs(tmp_path):
+    (tmp_path / "my_agent.py").write_text(AGENT_FILE)
+    cfg = _cfg("unused", agent=f"{tmp_path / 'my_agent.py'}:MyAgent")
+    mine = agent_class(cfg)(*_spaces(), cfg)
+    plain = Agent(*_spaces(), _cfg("unused"))
+    # nano's actor head: one hidden layer (Linear without bias, LayerNorm) and `out`
+    with pytest.raises(ValueError, match=r"this agent's actor: it lacks actor\.head\.mlp\.net"
+                                         r"\.0\.weight, actor\.head\.mlp\.net\.1\.bias, "
+                                         r"actor\.head\.mlp\.net\.1\.weight; it holds "
+                                         r"actor\.head\.inp\.bias, actor\.head\.inp\.weight, "
+                                         r"which this agent has not;.*"
+                                         r"\(model\.agent=lucid\.agent:Agent\)"):
+        plain.load_state_dict(mine.state_dict())
+
+
+def test_model_agent_must_name_a_subclass_of_agent():
+    assert agent_class(_cfg("unused")) is Agent
+    with pytest.raises(ConfigError, match=r"model.agent='no_such_module:X' cannot be loaded.*"
+                                          r"subclass of lucid.agent.Agent"):
+        agent_class(_cfg("unused", agent="no_such_module:X"))
+    with pytest.raises(ConfigError, match=r"model.agent='lucid.nets:MLP' is .*MLP.*not a "
+                                          r"subclass of lucid.agent.Agent"):
+        agent_class(_cfg("unused", agent="lucid.nets:MLP"))
+
+
+def _spaces():
+    import gymnasium as gym
+    import numpy as np
+
+    from lucid.envs import ActionSpec, ObsSpec
+    return (ObsSpec.from_space(gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)),
+            ActionSpec.from_space(gym.spaces.Discrete(2)))
+
+
+def _batch(agent, B=2, T=8):
+    g = torch.Generator().manual_seed(0)
+    is_first = torch.zeros(B, T, dtype=torch.bool)
+    is_first[:, 0] = True
+    return {"obs": {"vector": torch.randn(B, T, 4, generator=g)},
+            "action": torch.eye(2)[torch.randint(0, 2, (B, T), generator=g)],
+            "reward": torch.randn(B, T, generator=g), "is_first": is_first,
+            "is_last": torch.zeros(B, T, dtype=torch.bool),
+            "is_terminal": torch.zeros(B, T, dtype=torch.bool)}
