@@ -114,7 +114,9 @@ class Agent:
         if getattr(self.wm.encoder, "cnn", None) is not None:
             self.wm.encoder.cnn.channels_last = t.channels_last
         self.actor = self.build_actor().to(self.device)
-        self.critic = self.build_critic().to(self.device)
+        self.critic = self.build_critic()
+        self.critic.copy_to_slow()
+        self.critic.to(self.device)
         self.retnorm = ReturnNorm(t.return_norm_decay, t.return_norm_low, t.return_norm_high,
                                   t.return_norm_min_scale).to(self.device)
         # The update reads nothing back to the host (metrics stay tensors; non-finite steps

@@ -319,9 +319,11 @@ class Trainer:
             load_here(saved, cfg.run.device)
             cfg = saved
         cfg.env.id = resolve_env_id(cfg.env.id)  # path/to/file.py:Env from any directory
+        cfg.model.agent = resolve_env_id(cfg.model.agent)  # path/to/file.py:Class too
         self.cfg = cfg
         self.device = self.dist.device if self.dist else resolve_device(cfg.run.device)
         self.obs_spec, self.act_spec = spaces_of(cfg)  # a bad env fails before any file is written
+        agent_cls = agent_class(cfg)  # so does a bad model.agent
         if not resume and not learn:  # an agent to act with: no run directory at all
             self.run_dir = None
         elif not resume:
@@ -334,7 +336,7 @@ class Trainer:
         if cfg.run.tune_malloc:
             tune_malloc()
         seed_everything(cfg.run.seed + 7919 * self.rank)
-        self.agent = agent_class(cfg)(self.obs_spec, self.act_spec, cfg, self.device)
+        self.agent = agent_cls(self.obs_spec, self.act_spec, cfg, self.device)
         self.replay = self._make_replay()
         self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0,
                          "nonfinite_updates": 0, "env_restarts": 0}

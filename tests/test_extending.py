@@ -73,6 +73,31 @@ def test_a_subclassed_agent_trains_its_own_network_resumes_and_evaluates(tmp_pat
     assert r.exit_code == 0, r.output
 
 
+def test_a_subclassed_critic_network_gets_a_slow_copy_of_its_own(tmp_path):
+    """The slow critic is a copy of the critic's network, also of one a subclass built; it
+    moves 2% of the way to it per update."""
+    (tmp_path / "my_agent.py").write_text(AGENT_FILE + textwrap.dedent('''
+        class MyCritic(Agent):
+            def build_critic(self):
+                critic = super().build_critic()
+                critic.net = SmallNet(self.wm.feat_dim, self.config.model.num_bins)
+                return critic
+    '''))
+    cfg = _cfg("unused", agent=f"{tmp_path / 'my_agent.py'}:MyCritic")
+    agent = agent_class(cfg)(*_spaces(), cfg)
+    net, slow = agent.critic.net, agent.critic.slow
+    assert type(slow).__name__ == "SmallNet" and slow is not net
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), slow.parameters()))
+    assert not any(p.requires_grad for p in slow.parameters())
+    assert {id(p) for g in agent.opt_critic.param_groups for p in g["params"]} == \
+        {id(p) for p in net.parameters()}
+    before = [p.detach().clone() for p in slow.parameters()]
+    agent.train(_batch(agent))
+    for s0, f1, s1 in zip(before, net.parameters(), slow.parameters()):
+        torch.testing.assert_close(s1, 0.98 * s0 + 0.02 * f1.detach(), atol=1e-7, rtol=1e-5)
+    assert any(not torch.equal(a, b) for a, b in zip(before, slow.parameters()))
+
+
 def test_a_network_swapped_in_after_the_optimisers_were_made_is_refused():
     agent = Agent(*_spaces(), _cfg("unused"))
     agent.actor.head = torch.nn.Linear(agent.wm.feat_dim, 2)  # the optimiser holds the old one

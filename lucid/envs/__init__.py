@@ -162,8 +162,8 @@ def is_file_id(env_id: str) -> bool:
 
 
 def resolve_env_id(env_id: str) -> str:
-    """A `file.py:Attr` id with the file's path made absolute, so that the run resumes,
-    evaluates and records from any directory; any other id as it is."""
+    """A `file.py:Attr` id (of an env, or of model.agent) with the file's path made absolute,
+    so that the run resumes, evaluates and records from any directory; any other as it is."""
     found = _file_id(env_id)
     if found is None:
         return env_id
