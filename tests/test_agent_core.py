@@ -330,6 +330,48 @@ def test_world_model_loss_terms_match_numpy():
     np.testing.assert_allclose(total.item(), expected, rtol=1e-5)
 
 
+def test_kl_gradients_train_the_prior_by_dyn_scale_and_the_posterior_by_rep_scale():
+    """Eq. 5's stop-gradients. Each KL term's share of the gradient (the loss with the term
+    minus the loss without, free bits off) equals autograd of that KL written here from the
+    posterior and prior log-probs: the dynamics loss 0.7·KL[sg(q) || p] (it reaches q only
+    through the earlier straight-through samples that h carries) and the representation
+    loss 0.3·KL[q || sg(p)], which never moves the prior's layers."""
+    torch.manual_seed(4)
+    wm = WorldModel(VEC, 2, cfg("micro").model)
+    batch = random_batch(DISCRETE, B=3, T=6, seed=4)
+
+    def grads(loss_fn):
+        wm.zero_grad(set_to_none=True)
+        torch.manual_seed(10)  # the same latent samples every time
+        loss_fn().backward()
+        return {n: (torch.zeros_like(p) if p.grad is None else p.grad.clone())
+                for n, p in wm.named_parameters()}
+
+    def lucid_loss(dyn, rep):
+        return lambda: wm.loss(batch, cfg("micro", dyn_scale=dyn, rep_scale=rep,
+                                          free_nats=0.0).train)[0]
+
+    def kl_here(scale, sg_post):
+        def loss():
+            _, _, post, prior, _ = wm.observe(wm.encoder(batch["obs"]), batch["action"],
+                                              batch["is_first"])
+            q, p = (post.detach(), prior) if sg_post else (post, prior.detach())
+            return scale * (q.exp() * (q - p)).sum((-2, -1)).mean()
+        return loss
+
+    none = grads(lucid_loss(0.0, 0.0))
+    for (dyn, rep), ref in (((0.7, 0.0), kl_here(0.7, True)), ((0.0, 0.3), kl_here(0.3, False))):
+        got, want = grads(lucid_loss(dyn, rep)), grads(ref)
+        for n in got:
+            torch.testing.assert_close(got[n] - none[n], want[n], rtol=1e-3, atol=1e-6,
+                                       msg=f"{n}, dyn={dyn}, rep={rep}")
+        if rep:
+            assert all(got[n].abs().max() == 0 for n in got if n.startswith("prior_")), \
+                "the representation loss moved the prior"
+        else:
+            assert any(got[n].abs().max() > 0 for n in got if n.startswith("prior_"))
+
+
 def test_free_bits_with_mixed_kls():
     torch.manual_seed(5)
     wm = WorldModel(VEC, 2, cfg("micro").model)

@@ -160,9 +160,10 @@ def capture_imagination(agent: Agent, monkeypatch) -> dict:
     return rec
 
 
-def expected_update(rec: dict, batch: dict, act: ActionSpec, unimix=0.01,
+def expected_update(rec: dict, batch: dict, act: ActionSpec, ema=(LOW0, HIGH0), unimix=0.01,
                     min_std=0.1, max_std=1.0) -> dict:
-    """Every imagination metric of the update, from the captured trajectory, in numpy."""
+    """Every imagination metric of the update, from the captured trajectory, in numpy;
+    `ema`: the return normaliser's (low, high) before the update."""
     nets, feat = rec["nets"], rec["feat"]
     with torch.no_grad():
         heads = {k: t2n(m(feat)) for k, m in nets.items()}
@@ -175,6 +176,8 @@ def expected_update(rec: dict, batch: dict, act: ActionSpec, unimix=0.01,
     N = feat.shape[1]
     assert reward.shape == (H + 1, N)
 
+    # a logit this far from 0 has the same sign on the gathered and the dense features
+    assert np.abs(cont_logit[1:]).min() > 1e-4, "a continue logit too close to 0 to call"
     cont = np.zeros((H + 1, N))
     cont[0] = 1.0 - t2n(batch["is_terminal"].reshape(-1))     # starts in B-major order
     for t in range(1, H + 1):
@@ -194,8 +197,8 @@ def expected_update(rec: dict, batch: dict, act: ActionSpec, unimix=0.01,
             prod *= GAMMA * cont[t, n]
             weight[t, n] = prod / GAMMA
 
-    low = 0.99 * LOW0 + 0.01 * np.percentile(ret, 5)
-    high = 0.99 * HIGH0 + 0.01 * np.percentile(ret, 95)
+    low = 0.99 * ema[0] + 0.01 * np.percentile(ret, 5)   # numpy's default: linear
+    high = 0.99 * ema[1] + 0.01 * np.percentile(ret, 95)  # interpolation, as torch.quantile
     scale = max(1.0, high - low)
     adv = (ret - value[:H]) / scale
 
@@ -207,7 +210,7 @@ def expected_update(rec: dict, batch: dict, act: ActionSpec, unimix=0.01,
         ent = -(probs * np.log(probs)).sum(-1)
         objective = logp * adv
     else:  # Normal(tanh mean, std in [min, max]), the return's gradient through the dynamics
-        mean_raw, std_raw = np.split(x, 2, -1)
+        _, std_raw = np.split(x, 2, -1)  # the entropy needs only the std
         std = (max_std - min_std) / (1 + np.exp(-(std_raw + 2.0))) + min_std
         ent = (0.5 * np.log(2 * np.pi * np.e * std ** 2)).sum(-1)
         objective = adv
@@ -233,6 +236,8 @@ def expected_update(rec: dict, batch: dict, act: ActionSpec, unimix=0.01,
         "critic/loss": c_loss,
         "_cont": cont,
         "_weight": weight,
+        "_ret": ret,
+        "_adv": adv,
     }
 
 
@@ -292,30 +297,30 @@ def test_the_update_runs_from_the_updated_world_model_and_a_zero_return_ema(monk
     # the world model did move before imagining
     assert any(not torch.equal(a, b) for a, b in zip(reward_before.parameters(),
                                                      rec["nets"]["reward"].parameters()))
-    global LOW0, HIGH0
-    saved = LOW0, HIGH0
-    LOW0 = HIGH0 = 0.0
-    try:
-        want = expected_update(rec, batch, DISCRETE)
-    finally:
-        LOW0, HIGH0 = saved
+    want = expected_update(rec, batch, DISCRETE, ema=(0.0, 0.0))
     assert want["actor/return_scale"] == 1.0
     assert_metrics_match(metrics, want)
 
 
 def test_the_critic_and_actor_gradients_are_those_of_the_weighted_losses(monkeypatch):
-    """Independent computation: the critic's logits' gradient of the numpy critic loss,
-    d/dlogits mean(w_t (CE_ret + reg CE_slow)) = w_t (softmax - twohot_ret - reg twohot_slow
-    + reg softmax) / (H N), pushed back through the critic's output layer (its MLP features
-    recomputed on the captured states), must equal the gradient the update applied to the
-    critic's output bias and weight (recorded before clipping)."""
+    """Independent computation of the output layers' gradients (recorded as backward
+    accumulates them, before clipping), from the numpy returns, weights and scale:
+
+    * critic: d/dlogits mean(w_t (CE_ret + reg CE_slow)) = w_t ((p - twohot(symlog R_t))
+      + reg (p - twohot(symlog v^slow_t))) / (H N);
+    * discrete actor (REINFORCE, unimix u): with s = softmax(x), π = (1 - u) s + u / K,
+      dπ_k/dx_j = (1 - u) s_k (δ_kj - s_j); d/dx_j of -mean(w_t (log π_a sg(A_t) + η H[π]))
+      = -w_t (A_t dπ_a/dx_j / π_a - η Σ_k (log π_k + 1) dπ_k/dx_j) / (H N);
+
+    each pushed back through the layer (bias: the sum; weight: outer product with the head's
+    MLP features, recomputed on the captured states)."""
     agent = make_agent(DISCRETE, seed=13)
     rec = capture_imagination(agent, monkeypatch)
     grads = {}
-    out = agent.critic.net.out
-    for name, p in (("bias", out.bias), ("weight", out.weight)):
-        p.register_post_accumulate_grad_hook(
-            lambda p, name=name: grads.__setitem__(name, t2n(p.grad).copy()))
+    for net, layer in (("critic", agent.critic.net.out), ("actor", agent.actor.head.out)):
+        for name in ("bias", "weight"):
+            getattr(layer, name).register_post_accumulate_grad_hook(
+                lambda p, key=(net, name): grads.__setitem__(key, t2n(p.grad).copy()))
     batch = make_batch(DISCRETE, seed=7)
     torch.manual_seed(5)
     metrics = agent.train(batch)
@@ -324,35 +329,36 @@ def test_the_critic_and_actor_gradients_are_those_of_the_weighted_losses(monkeyp
 
     nb = len(BINS)
     feat = rec["feat"][:H]
+    N = feat.shape[1]
+    w = want["_weight"][..., None]
     with torch.no_grad():
-        hidden = t2n(rec["nets"]["critic"].mlp(feat))          # (H, N, U)
+        hidden = {k: t2n(rec["nets"][k].mlp(feat)) for k in ("critic", "actor")}  # (H, N, U)
         logits = t2n(rec["nets"]["critic"](feat))[..., :nb]
         slow = np_twohot_mean(t2n(rec["nets"]["slow"](feat))[..., :nb])
-    # the returns, as numpy computed them, from the loss metric's inputs
-    ret = _returns(rec, batch)
+        x = t2n(rec["nets"]["actor"](feat))
+    ret = want["_ret"]
     p = np.exp(np_log_softmax(logits))
-    w = want["_weight"][..., None]
-    dlogits = w * ((p - np_twohot(np_symlog(ret))) + SLOW_REG * (p - np_twohot(np_symlog(slow))))
-    dlogits /= H * feat.shape[1]
-    np.testing.assert_allclose(grads["bias"][:nb], dlogits.sum((0, 1)), rtol=1e-4, atol=1e-7)
-    np.testing.assert_allclose(grads["weight"][:nb], np.einsum("tnk,tnu->ku", dlogits, hidden),
-                               rtol=1e-4, atol=1e-7)
+    d_critic = w * ((p - np_twohot(np_symlog(ret))) + SLOW_REG * (p - np_twohot(np_symlog(slow))))
+    d_critic /= H * N
 
+    u, K = 0.01, x.shape[-1]
+    s = np.exp(np_log_softmax(x))
+    pi = (1 - u) * s + u / K
+    dpi = (1 - u) * s[..., :, None] * (np.eye(K) - s[..., None, :])  # [..., k, j] = dπ_k/dx_j
+    a = t2n(rec["action"])
+    dlogp_a = np.einsum("tnk,tnkj->tnj", a / pi, dpi)
+    dent = -np.einsum("tnk,tnkj->tnj", np.log(pi) + 1, dpi)
+    adv = want["_adv"][..., None]
+    d_actor = -w * (adv * dlogp_a + ETA * dent) / (H * N)
 
-def _returns(rec, batch):
-    """The λ-returns of `expected_update` (numpy)."""
-    nets, feat = rec["nets"], rec["feat"]
-    nb = len(BINS)
-    with torch.no_grad():
-        reward = np_twohot_mean(t2n(nets["reward"](feat))[..., :nb])
-        cont = (t2n(nets["cont"](feat))[..., 0] > 0).astype(np.float64)
-        value = np_twohot_mean(t2n(nets["critic"](feat))[..., :nb])
-    cont[0] = 1.0 - t2n(batch["is_terminal"].reshape(-1))
-    ret = [value[H]]
-    for t in range(H - 1, -1, -1):
-        ret.append(reward[t + 1] + GAMMA * cont[t + 1] * ((1 - LAM) * value[t + 1]
-                                                          + LAM * ret[-1]))
-    return np.stack(ret[::-1][:H])
+    for net, d in (("critic", d_critic), ("actor", d_actor)):
+        k = d.shape[-1]
+        for name, want_grad in (("bias", d.sum((0, 1))),
+                                ("weight", np.einsum("tnk,tnu->ku", d, hidden[net]))):
+            # float32 sums of many terms: tolerance relative to the largest element
+            np.testing.assert_allclose(grads[net, name][:k], want_grad, rtol=1e-4,
+                                       atol=1e-4 * np.abs(want_grad).max(),
+                                       err_msg=f"{net} {name}")
 
 
 # --------------------------------------------------------------------------- clipping
