@@ -26,6 +26,26 @@ class CountEnv(gym.Env):
         return np.array([self.t, self.episode], np.float32), float(self.t), done, False, {}
 
 
+class EchoEnv(gym.Env):
+    """obs = [the action just taken (-1 after a reset), step index]; reward = 10 x that
+    action; Discrete(3) actions; episodes of `length` steps."""
+
+    def __init__(self, length: int = 5):
+        self.observation_space = gym.spaces.Box(-1e6, 1e6, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(3)
+        self.length, self.t = length, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([-1, 0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        a = int(action)
+        return (np.array([a, self.t], np.float32), 10.0 * a, self.t >= self.length, False, {})
+
+
 def truncating_env():
     return gym.wrappers.TimeLimit(CountEnv(length=100, terminate=False), max_episode_steps=4)
 

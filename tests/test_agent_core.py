@@ -798,6 +798,30 @@ def test_the_baselines_gradient_reaches_a_box_actor_only_with_actor_baseline_gra
                                                         actor_after(True, True)))
 
 
+@pytest.mark.parametrize("act", [DISCRETE, BOX], ids=["discrete", "box"])
+def test_acting_carries_the_action_taken_into_the_next_step(act):
+    """policy() returns the action with the next state, and the next call's h is the
+    sequence model of the previous h, z and that action: h_1 = f(h_0, z_0, a_0)."""
+    agent = make_agent(act, seed=7)
+    torch.manual_seed(8)
+    obs = [{"vector": torch.randn(5, 4)} for _ in range(3)]
+    with torch.no_grad():
+        a0, s0 = agent.policy(obs[0])
+        assert torch.equal(s0.action, a0)
+        a1, s1 = agent.policy(obs[1], s0)
+        h1 = agent.wm.sequence(s0.h, s0.z, a0)
+        torch.testing.assert_close(s1.h, h1, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(h1, agent.wm.sequence(s0.h, s0.z, torch.zeros_like(a0)))
+        # a row that starts an episode starts from the initial state instead
+        first = torch.tensor([True, False, False, False, False])
+        _, s2 = agent.policy(obs[2], s1, is_first=first)
+        init = agent.wm.initial(1)
+        h_init = agent.wm.sequence(init.h, init.z, torch.zeros_like(a1[:1]))
+        torch.testing.assert_close(s2.h[:1], h_init, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(s2.h[1:], agent.wm.sequence(s1.h, s1.z, a1)[1:],
+                                   rtol=1e-5, atol=1e-6)
+
+
 # --------------------------------------------------------------------------- sizes
 
 

@@ -6,7 +6,7 @@ from lucid.envs import ActionSpec, ObsSpec
 from lucid.replay import Replay, to_batch
 from lucid.runner import Collector
 
-from envs_for_tests import CountEnv, truncating_env
+from envs_for_tests import CountEnv, EchoEnv, truncating_env
 
 
 def _replay(capacity, num_envs, seed=0):
@@ -119,6 +119,35 @@ def _collect(env_fns, steps):
     records = [col.step(None)[0] for _ in range(steps)]
     col.close()
     return records
+
+
+@pytest.mark.parametrize("policy", ["random", "agent"])
+def test_a_records_action_is_the_one_taken_after_its_observation(policy):
+    """record[t]["action"] is the action chosen on seeing obs[t]: the env echoes it in
+    obs[t+1] and pays 10x it as reward[t+1] (the data convention of docs/algorithm.md)."""
+    from lucid.agent import Agent
+    from lucid.config import make_config
+    probe = EchoEnv()
+    obs_spec = ObsSpec.from_space(probe.observation_space)
+    act_spec = ActionSpec.from_space(probe.action_space)
+    agent = None
+    if policy == "agent":
+        torch.manual_seed(0)
+        agent = Agent(obs_spec, act_spec, make_config("default", model={"size": "nano"}))
+    col = Collector([EchoEnv, EchoEnv], obs_spec, act_spec, seed=3)
+    recs = [col.step(agent)[0] for _ in range(40)]
+    col.close()
+    checked = set()
+    for now, nxt in zip(recs, recs[1:]):
+        for e in range(2):
+            if now["is_last"][e]:  # the next record is a reset
+                assert nxt["is_first"][e] and nxt["obs/vector"][e, 0] == -1
+                continue
+            taken = int(now["action"][e].argmax())
+            assert now["action"][e].sum() == 1
+            assert nxt["obs/vector"][e, 0] == taken and nxt["reward"][e] == 10 * taken
+            checked.add(taken)
+    assert checked == {0, 1, 2}  # every action was seen, so the check means something
 
 
 def test_terminal_and_first_flags_flow_from_env_to_records():
