@@ -22,14 +22,15 @@ def _cfg(tmp_path, **over):
     return make_config("default", **base)
 
 
-@pytest.mark.parametrize("ratio", [32, 512, 1024])
-def test_train_ratio_is_honoured_exactly(tmp_path, ratio):
-    cfg = _cfg(tmp_path, train={"train_ratio": ratio}, run={"steps": 40 if ratio > 32 else 120})
+# (env steps after the 20 of prefill) x ratio / (B·T = 64 replayed steps per update), by hand
+@pytest.mark.parametrize("ratio,steps,expected", [(32, 120, 50), (512, 40, 160),
+                                                  (1024, 40, 320)])
+def test_train_ratio_is_honoured_exactly(tmp_path, ratio, steps, expected):
+    cfg = _cfg(tmp_path, train={"train_ratio": ratio}, run={"steps": steps})
     tr = Trainer(cfg)
     tr.run()
     c = tr.counters
-    expected = math.floor((c["env_steps"] - 20) * ratio / (4 * 16))
-    assert c["updates"] == expected
+    assert c["env_steps"] == steps and c["updates"] == expected
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert rows[-1]["updates"] == expected
     assert {"env_steps", "updates", "wall_time", "world_model/loss", "actor/loss",
@@ -48,6 +49,15 @@ def test_resume_continues_counters_replay_and_optimisers(tmp_path):
 
     again = Trainer(make_config("default", run={"steps": 0}), tmp_path, resume=True)
     assert again.counters == c1
+    # the random streams go on from the checkpoint: Python's, numpy's and torch's
+    from lucid.checkpoint import _decode_np_state, _decode_py_state, load_latest
+    saved = load_latest(tmp_path)[0]["rng"]
+    assert torch.equal(torch.get_rng_state(), saved["torch"])
+    live_np, saved_np = np.random.get_state(), _decode_np_state(saved["numpy"])
+    assert live_np[0] == saved_np[0] and np.array_equal(live_np[1], saved_np[1]) \
+        and live_np[2:] == saved_np[2:]
+    import random
+    assert random.getstate() == _decode_py_state(saved["python"])
     for k, v in data1.items():
         np.testing.assert_array_equal(again.replay.data[k], v)
     for a, b in zip(params1, again.agent.wm.parameters()):
