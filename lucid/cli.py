@@ -376,16 +376,19 @@ def plot_cmd(run_dirs: List[str] = typer.Argument(..., help="run directories; ru
                                                             "config are averaged over seeds"),
              out: str = typer.Option("curves.png", help="PNG file to write"),
              x: str = typer.Option("env_steps", help="env_steps or wall_time"),
+             y: str = typer.Option("return", help="return or length of episodes, or a "
+                                   "metrics.jsonl key, e.g. world_model/loss"),
              band: str = typer.Option("minmax", help="spread over seeds: minmax or std"),
              label: Optional[List[str]] = typer.Option(None, help="a curve's name, one per "
                                                        "config in the order of its first run "
                                                        "(default: the config keys that differ)")):
-    """Learning curves of one or more runs (mean and spread over seeds of one config)."""
+    """Learning curves of one or more runs (mean and spread over seeds of one config): episode
+    returns, or --y any logged metric."""
     from .plot import plot_runs
     if Path(out).is_dir():
         _fail(f"--out {out} is a directory; give a file name, e.g. {Path(out) / 'curves.png'}")
     try:
-        path = plot_runs(run_dirs, out, x=x, band=band, labels=label or None)
+        path = plot_runs(run_dirs, out, x=x, y=y, band=band, labels=label or None)
     except (ValueError, FileNotFoundError) as exc:
         _fail(exc)
     typer.echo(str(path))

@@ -1,15 +1,21 @@
 """Learning curves of one or more run directories.
 
-`plot_runs(run_dirs, out)` reads each run's `episodes.jsonl` and `config.yaml`. Runs whose
-configs are equal apart from the seed and the run directory form one group (one curve): the
-mean over its seeds with a min–max (or ±std) band. Each run is first smoothed (running mean
-of the last `window` training episodes) and interpolated onto a common x grid; at every x
-only the runs that reached it count. Evaluation episodes (`eval: true`) are drawn as markers.
+`plot_runs(run_dirs, out)` reads each run's `config.yaml`, `episodes.jsonl` and
+`metrics.jsonl`. Runs whose configs are equal apart from the seed, the run directory and the
+keys a resume may change form one group (one curve): the mean over its seeds with a min–max
+(or ±std) band. A key that a run's config.yaml lacks (the file is older than the key) counts
+as its default. `y` is what is drawn: an episode key (`return`, the default, or `length`; each
+run's running mean of the last `window` training episodes, evaluation episodes as markers) or
+any numeric key of metrics.jsonl (its rows as logged, each a mean over its logging interval).
+Each run's curve is interpolated onto a common x grid; at every x only the runs that reached
+it count.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,25 +24,37 @@ from typing import Sequence
 import numpy as np
 import yaml
 
-from .config import RESUME_SETTABLE, flatten
+from .config import RESUME_SETTABLE, Config, _suggest, as_dict, flatten
 
 # Keys that do not change what a run learns: runs differing only in these are seeds of one
 # config (a resumed seed with another --steps or time limit stays in its group)
 IGNORED_KEYS = ("run.seed", "run.run_dir", "run.videos", *RESUME_SETTABLE)
 X_KEYS = ("env_steps", "wall_time")
+EPISODE_KEYS = ("return", "length")  # y keys read from episodes.jsonl; others: metrics.jsonl
 
 
 @dataclass
 class Run:
     path: Path
-    config: dict
-    train_env_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    train_wall: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    train_ret: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    eval_rows: list[dict] = field(default_factory=list)
+    config: dict  # flattened, every key this lucid knows (see load_run)
+    episodes: list[dict] = field(default_factory=list)  # training episodes
+    eval_rows: list[dict] = field(default_factory=list)  # evaluation episodes
+    metrics: list[dict] = field(default_factory=list)  # rows of metrics.jsonl
 
-    def x(self, key: str) -> np.ndarray:
-        return self.train_env_steps if key == "env_steps" else self.train_wall
+    def series(self, y: str = "return", x: str = "env_steps", window: int = 10
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """(x, y) over the rows where `y` is a finite number: an episode key's running mean of
+        the last `window` training episodes, or a metrics.jsonl key as logged; x is NaN in
+        rows without it."""
+        episodes = y in EPISODE_KEYS
+        rows = [r for r in (self.episodes if episodes else self.metrics) if _finite(r.get(y))]
+        xs = np.array([r.get(x, np.nan) for r in rows], float)
+        ys = np.array([r[y] for r in rows], float)
+        return xs, running_mean(ys, window) if episodes else ys
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def pyplot():
@@ -75,20 +93,27 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+@functools.cache
+def config_defaults() -> dict:
+    """Every config key with its dataclass default, flattened ({"run.tag": "", ...})."""
+    return flatten(as_dict(Config()))
+
+
 def load_run(run_dir: str | Path) -> Run:
+    """A run directory's config, episodes and metric rows. config.yaml holds the resolved
+    config, so a key it lacks is newer than the file: it takes its dataclass default (not a
+    preset's value), which is how the code behaved before the key existed as long as that
+    default has not changed. A run without config.yaml has an empty config."""
     path = Path(run_dir)
     if not (path / "episodes.jsonl").exists():
         raise FileNotFoundError(f"{path} has no episodes.jsonl; is it a lucid run directory?")
     cfg_path = path / "config.yaml"
-    config = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else {}
+    config = flatten(yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.exists() else {}
     rows = read_jsonl(path / "episodes.jsonl")
-    train = [r for r in rows if not r.get("eval")]
-    evals = [r for r in rows if r.get("eval")]
-    return Run(path, flatten(config or {}),
-               train_env_steps=np.array([r["env_steps"] for r in train], float),
-               train_wall=np.array([r.get("wall_time", np.nan) for r in train], float),
-               train_ret=np.array([r["return"] for r in train], float),
-               eval_rows=evals)
+    return Run(path, {**config_defaults(), **config} if config else {},
+               episodes=[r for r in rows if not r.get("eval")],
+               eval_rows=[r for r in rows if r.get("eval")],
+               metrics=read_jsonl(path / "metrics.jsonl"))
 
 
 def config_key(run: Run) -> tuple:
@@ -97,9 +122,11 @@ def config_key(run: Run) -> tuple:
 
 def group_runs(runs: Sequence[Run], names: Sequence[str] | None = None
                ) -> dict[str, list[Run]]:
-    """Group runs by config (ignoring seed and run directory); label each group by the config
-    keys that differ between groups (or by the env when there is one group), or by `names`,
-    one per group in the order of their first runs."""
+    """Group runs by config (ignoring IGNORED_KEYS) and label each group, with its number of
+    seeds, by `names` (one per group in the order of their first runs) or else by the config
+    keys that differ between groups: the env's name first, then the run.tag itself
+    ("untagged" for ""), then `key=value`, three at most. One group is labelled by its env
+    and its tag, if any."""
     groups: dict[tuple, list[Run]] = {}
     for r in runs:
         groups.setdefault(config_key(r), []).append(r)
@@ -108,38 +135,41 @@ def group_runs(runs: Sequence[Run], names: Sequence[str] | None = None
         raise ValueError(f"{len(names)} label(s) for {len(keys)} group(s) of runs (runs of one "
                          f"config, seeds aside, form a group); give one --label per group")
     differing = sorted({k for key in keys for k, _ in key
-                        if len({dict(other).get(k) for other in keys}) > 1})
+                        if len({dict(other).get(k) for other in keys}) > 1},
+                       key=lambda k: (k != "env.id", k != "run.tag", k))
     labels: dict[str, list[Run]] = {}
-    shown = sorted(differing, key=lambda k: k != "env.id")  # the env first, then 2 more
-    for i, key in enumerate(keys):
-        cfg = dict(key)
+    for i, members in enumerate(groups.values()):
+        cfg = members[0].config
         if names is not None:
             label = names[i]
-        elif len(keys) == 1 or not differing:
-            env = groups[key][0].config.get("env.id")
-            label = _env(env) if env is not None else groups[key][0].path.name
+        elif not differing:
+            env = cfg.get("env.id")
+            label = ", ".join(filter(None, [_env(env) if env is not None else
+                                            members[0].path.name, cfg.get("run.tag")]))
         else:
-            label = ", ".join(_env(cfg.get(k)) if k == "env.id" else f"{k}={_unrepr(cfg.get(k))}"
-                              for k in shown[:3])
-            label += f", +{len(shown) - 3} more" if len(shown) > 3 else ""
-        n = len(groups[key])
+            label = ", ".join(_describe(k, cfg) for k in differing[:3])
+            label += f", +{len(differing) - 3} more" if len(differing) > 3 else ""
+        n = len(members)
         label = f"{label} ({n} seed{'s' if n != 1 else ''})"
         while label in labels:
             label += "'"
-        labels[label] = groups[key]
+        labels[label] = members
     return labels
+
+
+def _describe(key: str, cfg: dict) -> str:
+    """One differing key of a group's config as its label shows it."""
+    if key == "env.id":
+        return _env(cfg.get(key))
+    if key == "run.tag":
+        return cfg.get(key) or "untagged"
+    return f"{key}={cfg[key]}" if key in cfg else f"{key}=-"
 
 
 def _env(v) -> str:
     """An env id as runs are named (my_env.py:MyEnv, not its absolute path)."""
     from .envs import env_label
-    return env_label(_unrepr(v))
-
-
-def _unrepr(v) -> str:
-    if v is None:
-        return "-"
-    return v.strip("'") if isinstance(v, str) else str(v)
+    return "-" if v is None else env_label(str(v))
 
 
 def running_mean(x: np.ndarray, window: int) -> np.ndarray:
@@ -152,11 +182,11 @@ def running_mean(x: np.ndarray, window: int) -> np.ndarray:
 
 
 def group_curve(runs: Sequence[Run], x: str = "env_steps", window: int = 10,
-                points: int = 200, band: str = "minmax"):
-    """Common grid, mean and band over the runs of one group. Returns (grid, mean, low,
-    high, count) with NaN where no run has data."""
-    curves = [(r.x(x), running_mean(r.train_ret, window)) for r in runs if len(r.train_ret)]
-    curves = [(xs, ys) for xs, ys in curves if np.all(np.isfinite(xs))]
+                points: int = 200, band: str = "minmax", y: str = "return"):
+    """Common grid, mean and band of `y` (see Run.series) over the runs of one group. Returns
+    (grid, mean, low, high, count) with NaN where no run has data."""
+    curves = [r.series(y, x, window) for r in runs]
+    curves = [(xs, ys) for xs, ys in curves if len(xs) and np.all(np.isfinite(xs))]
     if not curves:
         return (np.zeros(0),) * 5
     lo = min(xs[0] for xs, _ in curves)
@@ -178,22 +208,32 @@ def group_curve(runs: Sequence[Run], x: str = "env_steps", window: int = 10,
     return grid, mean, low, high, count
 
 
-def eval_points(rows: Sequence[dict], x: str = "env_steps") -> list[tuple[float, float]]:
-    """(x, mean return) per evaluation: its episodes share env_steps (each has its own
+def eval_points(rows: Sequence[dict], x: str = "env_steps", y: str = "return"
+                ) -> list[tuple[float, float]]:
+    """(x, mean y) per evaluation: its episodes share env_steps (each has its own
     wall_time, so the evaluation is placed at their mean)."""
     by_step: dict[float, list[dict]] = {}
     for r in rows:
         by_step.setdefault(float(r["env_steps"]), []).append(r)
     return sorted((float(np.mean([float(r[x]) for r in group])),
-                   float(np.mean([float(r["return"]) for r in group])))
+                   float(np.mean([float(r[y]) for r in group])))
                   for group in by_step.values())
+
+
+def plottable_keys(runs: Sequence[Run]) -> list[str]:
+    """What `y` can be for these runs: the episode keys, then the metrics.jsonl keys that hold
+    a number in some row (the x keys aside)."""
+    logged = {k for r in runs for row in r.metrics for k, v in row.items() if _finite(v)}
+    return [*EPISODE_KEYS, *sorted(logged - set(X_KEYS))]
 
 
 def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_steps",
               band: str = "minmax", window: int = 10, title: str | None = None,
-              labels: Sequence[str] | None = None) -> Path:
-    """Write a PNG of the learning curves of `run_dirs` (one curve per config) to `out`;
-    `labels` name the curves (one per config, in the order of their first runs)."""
+              labels: Sequence[str] | None = None, y: str = "return") -> Path:
+    """Write a PNG of `y` against `x` for `run_dirs` (one curve per config) to `out`. `y`:
+    "return" or "length" of the training episodes (running mean of the last `window`; greedy
+    evaluations as markers) or any numeric key of metrics.jsonl, e.g. "world_model/loss"
+    (as logged). `labels` name the curves (one per config, in the order of their first runs)."""
     if x not in X_KEYS:
         raise ValueError(f"x must be one of {', '.join(X_KEYS)}, got {x!r}")
     if band not in ("minmax", "std"):
@@ -203,27 +243,31 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_ste
     plt = pyplot()
 
     runs = [load_run(d) for d in run_dirs]
-    if not any(len(r.train_ret) or r.eval_rows for r in runs):
+    if y in EPISODE_KEYS and not any(r.episodes or r.eval_rows for r in runs):
         names = ", ".join(str(r.path) for r in runs)
         raise ValueError(f"no finished episodes to plot in {names} yet (episodes.jsonl lists "
                          f"episodes as they end); train longer, or give env.max_episode_steps "
                          f"to an env whose episodes are very long")
+    if y not in EPISODE_KEYS and not any(len(r.series(y)[0]) for r in runs):
+        keys = plottable_keys(runs)
+        raise ValueError(f"no run has logged {y!r} (in metrics.jsonl) yet"
+                         f"{_suggest(y, keys)}; plot one of: {', '.join(keys)}")
     groups = group_runs(runs, labels)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (label, members) in enumerate(groups.items()):
         colour = f"C{i % 10}"
-        grid, mean, low, high, count = group_curve(members, x, window, band=band)
+        grid, mean, low, high, count = group_curve(members, x, window, band=band, y=y)
         if len(grid):
             ax.plot(grid, mean, color=colour, label=label)
             if len(members) > 1:
                 ax.fill_between(grid, low, high, color=colour, alpha=0.2, linewidth=0)
         ex = [r for m in members for r in m.eval_rows if r.get("policy", "greedy") == "greedy"]
-        if ex:
-            points = eval_points(ex, x)
+        if ex and y in EPISODE_KEYS:
+            points = eval_points(ex, x, y)
             ax.plot([p[0] for p in points], [p[1] for p in points], "o", color=colour,
                     markersize=4, markerfacecolor="white", label=f"{label}: eval")
     ax.set_xlabel("environment steps" if x == "env_steps" else "wall time (s)")
-    ax.set_ylabel(f"episode return (mean of last {window})")
+    ax.set_ylabel(f"episode {y} (mean of last {window})" if y in EPISODE_KEYS else y)
     spread = any(len(members) > 1 for members in groups.values())  # else no band is drawn
     ax.set_title(title or "learning curves" + ("" if not spread else
                                               " (band: min–max over seeds)" if band == "minmax"

@@ -12,6 +12,7 @@ import imageio.v2 as iio
 import numpy as np
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
 from procs import run_grouped
@@ -19,7 +20,7 @@ from procs import run_grouped
 from lucid import video
 from lucid.agent import Agent
 from lucid.cli import app
-from lucid.config import make_config
+from lucid.config import as_dict, make_config
 from lucid.envs.spaces import ActionSpec, ObsSpec
 from lucid.nets import symexp
 from lucid.plot import eval_points, group_curve, group_runs, load_run, plot_runs
@@ -317,6 +318,90 @@ def test_plot_groups_seeds_of_one_config(runs, tmp_path):
         plot_runs([young], tmp_path / "empty.png")
     assert not (tmp_path / "empty.png").exists()
     assert plot_runs([young, runs[0]], tmp_path / "one.png").exists()  # one with data will do
+
+
+def _synthetic_run(path, seed, overrides=(), drop=(), loss=1.0):
+    """A run directory written by hand: the config of `overrides` (its keys in `drop` left
+    out of config.yaml, as an older lucid wrote it), 20 training episodes of return
+    env_steps / 10 and length 5, one greedy evaluation, and metric rows whose
+    world_model/loss is `loss` (none in the first row: the prefill)."""
+    path.mkdir(parents=True)
+    tree = as_dict(make_config("cpu-control", [f"run.seed={seed}", *overrides]))
+    for key in drop:
+        section, name = key.split(".")
+        del tree[section][name]
+    (path / "config.yaml").write_text(yaml.safe_dump(tree))
+    eps = [{"env_steps": 10 * i, "return": float(i), "length": 5, "wall_time": i / 2,
+            "eval": False} for i in range(1, 21)]
+    eps.append({"env_steps": 200, "return": 50.0, "length": 9, "wall_time": 11.0,
+                "eval": True, "policy": "greedy"})
+    (path / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
+    rows = [{"env_steps": 50 * i, "wall_time": 2.5 * i, "updates": 3 * i,
+             **({"world_model/loss": loss} if i else {})} for i in range(5)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_plot_groups_runs_by_tag_and_labels_them_by_it(tmp_path):
+    """run.tag splits groups; a group is labelled by its tag ("untagged" for ""), and a run
+    from before run.tag existed is untagged."""
+    base = [_synthetic_run(tmp_path / f"b{s}", s) for s in (0, 1)]
+    old = _synthetic_run(tmp_path / "old", 2, drop=["run.tag"])
+    assert "tag" not in (old / "config.yaml").read_text()
+    mine = [_synthetic_run(tmp_path / f"m{s}", s, ["run.tag=my-actor"]) for s in (0, 1)]
+    groups = group_runs([load_run(r) for r in (*base, old, *mine)])
+    assert {k: {r.path for r in v} for k, v in groups.items()} == {
+        "untagged (3 seeds)": {*base, old}, "my-actor (2 seeds)": set(mine)}
+    fast = _synthetic_run(tmp_path / "fast", 0, ["run.tag=my-actor", "train.train_ratio=64"])
+    assert list(group_runs([load_run(r) for r in (base[0], mine[0], fast)])) == [
+        "untagged, train.train_ratio=32.0 (1 seed)", "my-actor, train.train_ratio=32.0 (1 seed)",
+        "my-actor, train.train_ratio=64.0 (1 seed)"]
+    assert list(group_runs([load_run(r) for r in mine])) == ["CartPole-v1, my-actor (2 seeds)"]
+    assert list(group_runs([load_run(r) for r in base])) == ["CartPole-v1 (2 seeds)"]
+
+
+def test_plot_reads_a_key_missing_from_an_old_config_as_its_default(tmp_path):
+    new = _synthetic_run(tmp_path / "new", 0)
+    old = _synthetic_run(tmp_path / "old", 1, drop=["train.actor_baseline_grad"])
+    other = _synthetic_run(tmp_path / "other", 2, ["train.actor_baseline_grad=true"])
+    assert load_run(old).config["train.actor_baseline_grad"] is False
+    assert list(group_runs([load_run(r) for r in (new, old)])) == ["CartPole-v1 (2 seeds)"]
+    assert list(group_runs([load_run(r) for r in (old, other)])) == [
+        "train.actor_baseline_grad=False (1 seed)", "train.actor_baseline_grad=True (1 seed)"]
+    # the dataclass default (XS), not the run's preset's (cpu-control: mini): a key an older
+    # file lacks did not exist when it was written
+    older = _synthetic_run(tmp_path / "older", 3, drop=["model.size"])
+    assert load_run(older).config["model.size"] == "XS"
+    bare = tmp_path / "bare"  # no config.yaml at all: no config, not the defaults
+    bare.mkdir()
+    shutil.copy(new / "episodes.jsonl", bare)
+    assert load_run(bare).config == {}
+
+
+def test_plot_any_metric_or_episode_key(tmp_path, monkeypatch):
+    runs = [_synthetic_run(tmp_path / f"s{s}", s, loss=loss) for s, loss in ((0, 2.0), (1, 4.0))]
+    loaded = [load_run(r) for r in runs]
+    grid, mean, low, high, count = group_curve(loaded, y="world_model/loss")
+    assert grid[0] == 50 and grid[-1] == 200  # the rows that have it, as logged
+    assert np.allclose(mean, 3.0) and np.allclose(low, 2.0) and np.allclose(high, 4.0)
+    grid, mean, *_ = group_curve(loaded, x="wall_time", y="length")
+    assert grid[0] == 0.5 and np.allclose(mean, 5.0)
+    ylabels = []
+    save = video.save_figure  # lucid.plot's, which plot_runs calls to write the figure
+    monkeypatch.setattr("lucid.plot.save_figure", lambda fig, path, dpi: (
+        ylabels.append(fig.axes[0].get_ylabel()), save(fig, path, dpi))[1])
+    for y in ("world_model/loss", "updates", "length", "return"):
+        assert iio.imread(plot_runs(runs, tmp_path / "c.png", y=y)).ndim == 3
+    assert ylabels == ["world_model/loss", "updates", "episode length (mean of last 10)",
+                       "episode return (mean of last 10)"]
+    with pytest.raises(ValueError, match=r"'world_model/los'.*did you mean 'world_model/loss'"
+                                         r".*one of: return, length, updates, world_model/loss$"):
+        plot_runs(runs, tmp_path / "bad.png", y="world_model/los")
+    r = cli.invoke(app, ["plot", *map(str, runs), "--y", "world_model/loss", "--x", "wall_time",
+                         "--out", str(tmp_path / "cli.png")])
+    assert r.exit_code == 0 and (tmp_path / "cli.png").exists(), r.output
+    r = cli.invoke(app, ["plot", *map(str, runs), "--y", "loss", "--out", str(tmp_path / "x.png")])
+    assert r.exit_code == 2 and "world_model/loss" in r.output and not (tmp_path / "x.png").exists()
 
 
 class _Page(HTMLParser):
