@@ -127,6 +127,44 @@ def test_samples_never_see_a_half_written_step():
         pf.close()
 
 
+class _Gate(np.ndarray):
+    """An array whose writes pause halfway through Replay.add: after the fields before it
+    were written, it lets another thread run (`half`), waiting up to `wait` s for `done`."""
+
+    def __setitem__(self, key, value):
+        self.half.set()
+        self.done.wait(self.wait)
+        super().__setitem__(key, value)
+
+
+def test_a_sample_waits_for_a_step_being_written():
+    """Deterministic: `add` is stopped between two fields while another thread samples
+    windows that cover every slot. With the replay's lock the sample waits for the whole step
+    (the writer's wait times out first); without it, it would return the half-written one."""
+    import threading
+    replay = _counter_replay(per_env=6, num_envs=1)
+    for n in range(6):
+        replay.add(_step(replay, n))
+    gate = replay.data["action"].view(_Gate)  # fields are written in order: obs/x first
+    gate.half, gate.done, gate.wait = threading.Event(), threading.Event(), 0.5
+    replay.data["action"] = gate
+    out = {}
+
+    def sampler():
+        gate.half.wait(10)
+        out["batch"] = replay.sample(4, 6)  # windows of the whole ring: every slot
+        gate.done.set()
+
+    thread = threading.Thread(target=sampler)
+    thread.start()
+    replay.add(_step(replay, 6))
+    thread.join(10)
+    batch = out["batch"]
+    x = batch["obs/x"][..., 0]
+    assert (batch["action"] == x[..., None]).all() and (batch["reward"] == x).all()
+    assert (x == np.arange(1, 7)).all()  # the sample came after the write: steps 1..6
+
+
 def test_prefetcher_over_a_replay_group_and_errors_reach_the_learner():
     parts = [_counter_replay(per_env=32, num_envs=2) for _ in range(2)]
     group = ReplayGroup(parts, seed=0)
