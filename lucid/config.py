@@ -104,6 +104,9 @@ class TrainConfig:
     replay_chunk: int = 1024  # steps per env in each append-only replay file on disk
     max_nonfinite: int = 10  # stop (with a checkpoint) after this many bad updates in a row
     # world model
+    decoder_scale: float = 1.0
+    reward_scale: float = 1.0
+    cont_scale: float = 1.0
     dyn_scale: float = 0.5
     rep_scale: float = 0.1
     free_nats: float = 1.0

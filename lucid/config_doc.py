@@ -77,6 +77,10 @@ DESCRIPTIONS: dict[str, str] = {
     "train.horizon": "H: imagined steps from every posterior state",
     "train.gamma": "discount",
     "train.lam": "λ of the λ-returns",
+    "train.decoder_scale": "weight of the decoder's loss in L_pred (the paper: 1 for each "
+                           "prediction term; the authors' loss_scales.dec)",
+    "train.reward_scale": "weight of the reward head's loss in L_pred",
+    "train.cont_scale": "weight of the continue head's loss in L_pred",
     "train.dyn_scale": "weight of the dynamics KL (prior towards the stopped posterior)",
     "train.rep_scale": "weight of the representation KL (posterior towards the stopped prior)",
     "train.free_nats": "both KL terms are clipped below at this many nats",

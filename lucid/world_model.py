@@ -354,7 +354,8 @@ class WorldModel(nn.Module):
 
     def loss(self, batch: dict, tcfg: TrainConfig, state: State | None = None):
         """World-model loss (eq. 4): L_pred + dyn_scale * L_dyn + rep_scale * L_rep, each KL
-        clipped below at `free_nats`, averaged over B and T."""
+        clipped below at `free_nats`, averaged over B and T; L_pred weighs the decoder, reward
+        and continue terms by their scales (1 each in the paper)."""
         obs = batch["obs"]
         embed = self.encoder(obs)
         h, z, post, prior, last = self.observe(embed, batch["action"], batch["is_first"], state)
@@ -369,7 +370,8 @@ class WorldModel(nn.Module):
         kl_rep = categorical_kl(post, prior.detach())
         l_dyn = kl_dyn.clamp(min=tcfg.free_nats)
         l_rep = kl_rep.clamp(min=tcfg.free_nats)
-        total = (l_dec + l_rew + l_con + tcfg.dyn_scale * l_dyn + tcfg.rep_scale * l_rep).mean()
+        l_pred = tcfg.decoder_scale * l_dec + tcfg.reward_scale * l_rew + tcfg.cont_scale * l_con
+        total = (l_pred + tcfg.dyn_scale * l_dyn + tcfg.rep_scale * l_rep).mean()
         metrics = {
             "world_model/loss": total,
             "world_model/decoder": l_dec.mean(),

@@ -328,6 +328,13 @@ def test_world_model_loss_terms_match_numpy():
     np.testing.assert_allclose(m["world_model/rep"].item(), dyn.mean(), rtol=1e-4)
     expected = dec.mean() + rew.mean() + con.mean() + 0.5 * dyn.mean() + 0.1 * dyn.mean()
     np.testing.assert_allclose(total.item(), expected, rtol=1e-5)
+    # the prediction terms' weights (1 each in the paper) and the KLs' scale the same terms
+    torch.manual_seed(10)
+    scaled, _, _ = wm.loss(batch, cfg("micro", decoder_scale=0.5, reward_scale=2.0,
+                                      cont_scale=3.0, dyn_scale=0.25, rep_scale=0.75).train)
+    expected = (0.5 * dec.mean() + 2.0 * rew.mean() + 3.0 * con.mean() + 0.25 * dyn.mean()
+                + 0.75 * dyn.mean())
+    np.testing.assert_allclose(scaled.item(), expected, rtol=1e-5)
 
 
 def test_decoder_loss_of_images_and_vectors_by_hand():
