@@ -40,6 +40,27 @@ def _ray():
     return ray
 
 
+REPEATS_FATAL = 3  # the same task error this many times in a row: not a flaky worker
+
+
+def _cause(exc: Exception) -> str:
+    """What went wrong in a runner: the exception its task raised (a RayTaskError wraps it
+    under a header naming the task and process), else the Ray error itself."""
+    inner = getattr(exc, "cause", None)
+    if isinstance(inner, BaseException):
+        return f"{type(inner).__name__}: {inner}".strip()
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+def _lost_types() -> tuple:
+    """Ray errors of a runner that died or was lost (not of code that raised): each
+    replacement may well succeed, so they never count as a repeated error."""
+    ex = _ray().exceptions
+    return tuple(getattr(ex, n) for n in ("ActorDiedError", "RayActorError", "NodeDiedError",
+                                          "WorkerCrashedError", "ObjectLostError")
+                 if hasattr(ex, n))
+
+
 class EnvRunner:
     """Steps `num_envs` envs with a CPU copy of the policy; becomes a Ray actor."""
 
@@ -106,6 +127,7 @@ class RayCollector:
         self.restarts = 0  # env restarts inside runners (as Collector.restarts)
         self.runner_restarts = 0
         self.dropped_chunks = 0
+        self._repeats: tuple[str, int] = ("", 0)  # the last runner error, and how often in a row
         self.started_ray = False
         self._weights = (None, -1)  # (ObjectRef, version) of the newest weights put
         self._lags: list[int] = []
@@ -165,12 +187,17 @@ class RayCollector:
         ray = _ray()
         self.runner_restarts += 1
         self.dropped_chunks += 1
+        cause = _cause(exc)
+        last, times = self._repeats
+        self._repeats = (cause, times + 1 if cause == last else 1)
         if self.runner_restarts > self.cfg.run.max_runner_restarts:
             raise EnvError(f"Ray env runners died more than run.max_runner_restarts="
                                f"{self.cfg.run.max_runner_restarts} times; last error: "
-                               f"{type(exc).__name__}: {exc}") from exc
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(f"warning: Ray env runner {i} died ({type(exc).__name__}: {first_line[:200]}); "
+                               f"{cause}") from exc
+        if self._repeats[1] >= REPEATS_FATAL and not isinstance(exc, _lost_types()):
+            raise EnvError(f"Ray env runners failed {REPEATS_FATAL} times in a row with the "
+                           f"same error, which a new runner does not cure: {cause}") from exc
+        print(f"warning: Ray env runner {i} died ({cause.splitlines()[0][:300]}); "
               f"its in-flight chunk of {self.per_runner}x{self.chunk} steps is dropped and "
               f"a new runner takes its place ({self.runner_restarts}/"
               f"{self.cfg.run.max_runner_restarts})", flush=True)

@@ -346,6 +346,46 @@ def test_ray_runners_keep_the_train_ratio_and_replace_a_killed_runner(tmp_path):
     assert not ray.is_initialized()
 
 
+def test_ray_runners_that_fail_the_same_way_stop_the_run_with_the_cause(tmp_path):
+    """A runner whose task raises (here: its env fails at every step in any process but the
+    learner's, with no env restarts allowed) is not replaced forever: the third identical
+    failure in a row stops the run, naming the runner's own exception."""
+    pytest.importorskip("ray")
+    from lucid.train import EnvError, Trainer
+    (tmp_path / "fail_env.py").write_text(
+        "import os\n"
+        "import gymnasium as gym\n"
+        "import numpy as np\n\n"
+        "class FailElsewhere(gym.Env):\n"
+        "    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)\n"
+        "    action_space = gym.spaces.Discrete(2)\n\n"
+        "    def __init__(self, home=0):\n"
+        "        self.home = home\n\n"
+        "    def reset(self, *, seed=None, options=None):\n"
+        "        return np.zeros(2, np.float32), {}\n\n"
+        "    def step(self, action):\n"
+        "        if os.getpid() != self.home:\n"
+        "            raise RuntimeError('the cable is cut')\n"
+        "        return np.zeros(2, np.float32), 0.0, False, False, {}\n")
+    cfg = make_config(
+        "default", env={"id": f"{tmp_path / 'fail_env.py'}:FailElsewhere", "max_restarts": 0,
+                        "kwargs": {"home": os.getpid()}},
+        model={"size": "nano"},
+        train={"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 16,
+               "train_ratio": 8},
+        run={"steps": 200, "log_every": 0.0, "progress": False, "run_dir": str(tmp_path / "run"),
+             "runners": "ray", "num_runners": 1, "envs_per_runner": 1, "runner_chunk": 8,
+             "ray_num_cpus": 1, "videos": False})
+    tr = Trainer(cfg)
+    try:
+        with pytest.raises(EnvError, match=r"failed 3 times in a row with the same error.*"
+                                           r"the cable is cut"):
+            tr.run()
+        assert tr.collector.runner_restarts == 3
+    finally:
+        tr.close()
+
+
 def test_replay_group_samples_every_part_and_add_chunk_matches_add():
     from lucid.replay import Replay, ReplayGroup
     fields = {"obs/vector": ((1,), np.float32), "action": ((1,), np.float32),
