@@ -355,7 +355,9 @@ class WorldModel(nn.Module):
     def loss(self, batch: dict, tcfg: TrainConfig, state: State | None = None):
         """World-model loss (eq. 4): L_pred + dyn_scale * L_dyn + rep_scale * L_rep, each KL
         clipped below at `free_nats`, averaged over B and T; L_pred weighs the decoder, reward
-        and continue terms by their scales (1 each in the paper)."""
+        and continue terms by their scales (1 each in the paper). Returns the loss, its
+        metrics (0-d tensors, logged as they are named) and the tensors a subclass adding a
+        term may need: h, z, feat = [h, z], recon, the embeddings and the last state."""
         obs = batch["obs"]
         embed = self.encoder(obs)
         h, z, post, prior, last = self.observe(embed, batch["action"], batch["is_first"], state)
@@ -383,5 +385,5 @@ class WorldModel(nn.Module):
             "world_model/post_entropy": -(post.exp() * post).sum(-1).sum(-1).mean(),
             "world_model/prior_entropy": -(prior.exp() * prior).sum(-1).sum(-1).mean(),
         }
-        out = {"h": h, "z": z, "feat": feat, "recon": recon, "last": last}
+        out = {"h": h, "z": z, "feat": feat, "recon": recon, "last": last, "embed": embed}
         return total, metrics, out

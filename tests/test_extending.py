@@ -2,7 +2,9 @@
 `model.agent` builds its own networks, which train, checkpoint, resume and evaluate; a
 network swapped in after the optimisers were made is refused instead of silently frozen."""
 
+import re
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,31 +15,11 @@ from lucid.cli import app
 from lucid.config import ConfigError, make_config
 from lucid.train import Trainer
 
-# A plain torch network (no lucid layers) as the actor: it receives dense features, also
-# where imagination keeps z as class indices (train.onehot_gather, on by default).
-AGENT_FILE = textwrap.dedent('''
-    import torch
-    from torch import nn
-
-    from lucid.agent import Agent
-
-
-    class SmallNet(nn.Module):
-        def __init__(self, inp, out):
-            super().__init__()
-            self.inp, self.out = nn.Linear(inp, 32), nn.Linear(32, out)
-
-        def forward(self, x):
-            return self.out(torch.tanh(self.inp(x)))
-
-
-    class MyAgent(Agent):
-        def build_actor(self):
-            actor = super().build_actor()
-            box = self.act_spec.dim - self.act_spec.n_discrete
-            actor.head = SmallNet(self.wm.feat_dim, self.act_spec.n_discrete + 2 * box)
-            return actor
-''')
+# The code of docs/extending.md, as it stands there: a plain torch network (no lucid layers)
+# as the actor, which receives dense features, also where imagination keeps z as class
+# indices (train.onehot_gather, on by default); and a world model with an extra loss term.
+DOC = Path(__file__).resolve().parent.parent / "docs" / "extending.md"
+AGENT_FILE, INVERSE_FILE = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
 
 
 def _cfg(run_dir, **model):
@@ -96,6 +78,24 @@ def test_a_subclassed_critic_network_gets_a_slow_copy_of_its_own(tmp_path):
     for s0, f1, s1 in zip(before, net.parameters(), slow.parameters()):
         torch.testing.assert_close(s1, 0.98 * s0 + 0.02 * f1.detach(), atol=1e-7, rtol=1e-5)
     assert any(not torch.equal(a, b) for a, b in zip(before, slow.parameters()))
+
+
+def test_a_world_model_subclass_adds_a_loss_term_that_trains_and_is_logged(tmp_path):
+    """docs/extending.md's code: a WorldModel subclass whose loss() adds a term (here an
+    inverse-dynamics head: action[t] from the embeddings of obs[t] and obs[t+1]) and names it
+    in the metrics; its head trains with the world model and the metric reaches
+    metrics.jsonl."""
+    import json
+    (tmp_path / "inverse.py").write_text(INVERSE_FILE)
+    tr = Trainer(_cfg(tmp_path / "run", agent=f"{tmp_path / 'inverse.py'}:InverseAgent"))
+    head = tr.agent.wm.inverse
+    before = [p.detach().clone() for p in head.parameters()]
+    tr.run()
+    tr.close()
+    assert all(not torch.equal(a, b) for a, b in zip(before, head.parameters()))
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    logged = [r["world_model/inverse"] for r in rows if "world_model/inverse" in r]
+    assert logged and all(v > 0 for v in logged)
 
 
 def test_a_network_swapped_in_after_the_optimisers_were_made_is_refused():
