@@ -108,7 +108,7 @@ class Actor(nn.Module):
         super().__init__()
         dims = mcfg.dims()
         self.spec = spec
-        self.unimix = mcfg.unimix
+        self.unimix = mcfg.unimix if mcfg.actor_unimix is None else mcfg.actor_unimix
         self.min_std, self.max_std = mcfg.actor_min_std, mcfg.actor_max_std
         self.groups = list(spec.discrete or ())  # sizes of the categoricals
         self.n_box = spec.dim - spec.n_discrete  # dimensions of the Normal

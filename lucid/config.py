@@ -65,6 +65,7 @@ class ModelConfig:
     vector_units: Optional[int] = None
     vector_layers: Optional[int] = None
     unimix: float = 0.01
+    actor_unimix: Optional[float] = None
     num_bins: int = 255
     bins_low: float = -20.0
     bins_high: float = 20.0
@@ -372,7 +373,8 @@ def validate(cfg: Config) -> None:
          "run.device must be auto, cpu or cuda[:N]"),
         (cfg.run.steps >= 0, "run.steps must be >= 0"),
         (min(t.model_lr, t.actor_lr, t.critic_lr) >= 0, "learning rates must be >= 0"),
-        (0 <= cfg.model.unimix < 1, "model.unimix must be in [0, 1)"),
+        (0 <= cfg.model.unimix < 1 and 0 <= (cfg.model.actor_unimix or 0) < 1,
+         "model.unimix and model.actor_unimix must be in [0, 1)"),
         (t.prefill >= 0 and t.replay_max_gb >= 0, "train.prefill and train.replay_max_gb >= 0"),
         (t.replay_chunk >= 1 and t.max_nonfinite >= 1,
          "train.replay_chunk and train.max_nonfinite must be >= 1"),

@@ -61,6 +61,9 @@ DESCRIPTIONS: dict[str, str] = {
     "model.cnn_mult": "channel multiplier of the image encoder and decoder",
     "model.latent_groups": "categorical variables in the latent z",
     "model.latent_classes": "classes per categorical variable of z",
+    "model.actor_unimix": "the discrete actor's share of the uniform distribution, where it "
+                          "should differ from the latents' (null: model.unimix; the authors' "
+                          "actor.unimix)",
     "model.unimix": "share of the uniform distribution mixed into every categorical "
                     "(latents, discrete actions)",
     "model.num_bins": "two-hot bins of the reward head and the critic",

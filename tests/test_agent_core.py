@@ -465,6 +465,24 @@ def test_reward_and_critic_output_layers_zero_initialised():
 # --------------------------------------------------------------------------- behaviour losses
 
 
+def test_the_actors_unimix_is_its_own_where_model_actor_unimix_is_set():
+    """Discrete actor probabilities = (1 - u) softmax(logits) + u / K, with u =
+    model.actor_unimix when set, else model.unimix (the latents keep model.unimix)."""
+    space = ActionSpec.from_space(gym.spaces.Discrete(4))
+    feat = torch.randn(6, 20)
+    for actor_unimix, u in ((None, 0.01), (0.3, 0.3), (0.0, 0.0)):
+        torch.manual_seed(0)
+        mc = cfg("nano", model={"actor_unimix": actor_unimix}).model
+        actor = Actor(20, space, mc)
+        with torch.no_grad():
+            raw = t2n(actor.head(feat))
+            got = t2n(actor.params(feat)[0].exp())
+        e = np.exp(raw - raw.max(-1, keepdims=True))
+        np.testing.assert_allclose(got, (1 - u) * e / e.sum(-1, keepdims=True) + u / 4,
+                                   rtol=1e-5, atol=1e-7)
+        assert WorldModel(VEC, 4, mc).unimix == 0.01
+
+
 def _actor_critic(act: ActionSpec, seed: int, feat_dim=20):
     torch.manual_seed(seed)
     mc = cfg("nano").model
