@@ -88,9 +88,10 @@ def check_resumable(saved: Config, cfg: Config, where: Path) -> None:
     old, new = flatten(as_dict(saved)), flatten(as_dict(cfg))
     if all(c["env.id"].startswith(INSTANCE_PREFIX) for c in (old, new)):
         del old["env.id"], new["env.id"]  # an instance's name does not outlive its process
-    elif all(is_file_id(c["env.id"]) for c in (old, new)) \
-            and env_label(old["env.id"]) == env_label(new["env.id"]):
-        del old["env.id"], new["env.id"]  # file.py:Env moved with its project
+    for key in ("env.id", "model.agent"):  # file.py:Attr moved with its project
+        if key in old and all(is_file_id(c.get(key, "")) for c in (old, new)) \
+                and env_label(old[key]) == env_label(new[key]):
+            del old[key], new[key]
     changed = [f"{k}: {old.get(k)!r} in the checkpoint, {new.get(k)!r} in config.yaml"
                for k in sorted(set(old) | set(new))
                if k.startswith(_FIXED_ON_RESUME) and old.get(k) != new.get(k)]
@@ -530,10 +531,11 @@ class Trainer:
         self.stop_reason = signal.Signals(signum).name
         self.signalled = signum  # for the caller: `lucid train` reports it and exits 128 + N
 
-    def run(self, callback=None) -> Path:
+    def run(self, callback=None, end_videos: bool = False) -> Path:
         """Train until `run.steps` env steps (or the time limit, the target return, SIGINT /
         SIGTERM, or `callback(info)` returning False (or 0, np.False_; not None) after an
-        episode), then checkpoint."""
+        episode), then checkpoint. `end_videos`: then also an evaluation episode's and a
+        dream's video (videos/, TensorBoard, W&B), unless a signal stopped the run."""
         cfg, t, c = self.cfg, self.cfg.train, self.counters
         if self.collector is None:
             raise RuntimeError("this Trainer was loaded with learn=False (to evaluate); "
@@ -661,6 +663,10 @@ class Trainer:
             if self.dist is not None:
                 self.dist.check_identical(self.agent)
             self.save()
+            if end_videos and not self._stop and self.rank == 0 \
+                    and self.videos_logged_at != c["env_steps"]:
+                print("writing the end-of-run videos ...", flush=True)
+                self._videos(logger)  # while the run's loggers are open (one W&B session)
         except (EnvError, NonFiniteError):
             raise  # saved already
         except OSError as exc:

@@ -53,22 +53,40 @@ def test_a_subclassed_agent_trains_its_own_network_resumes_and_evaluates(tmp_pat
     assert again.counters["env_steps"] == 80
     r = CliRunner().invoke(app, ["eval", str(tmp_path / "run"), "--episodes", "1"])
     assert r.exit_code == 0, r.output
+    # the file moved with its project: its new path in config.yaml, and the run goes on
+    (tmp_path / "moved").mkdir()
+    (tmp_path / "my_agent.py").rename(tmp_path / "moved" / "my_agent.py")
+    with pytest.raises(ConfigError, match=r"there is no file .*my_agent\.py.*model\.agent"):
+        Trainer(make_config("default", run={"steps": 90}), tmp_path / "run", resume=True)
+    config = tmp_path / "run" / "config.yaml"
+    config.write_text(config.read_text().replace(str(tmp_path / "my_agent.py"),
+                                                 str(tmp_path / "moved" / "my_agent.py")))
+    moved = Trainer(make_config("default", run={"steps": 90}), tmp_path / "run", resume=True)
+    assert type(moved.agent.actor.head).__name__ == "SmallNet"
+    moved.close()
 
 
-def test_a_subclassed_critic_network_gets_a_slow_copy_of_its_own(tmp_path):
-    """The slow critic is a copy of the critic's network, also of one a subclass built; it
+@pytest.mark.parametrize("net", ["SmallNet(self.wm.feat_dim, self.config.model.num_bins)",
+                                 "Head(self.wm.feat_dim, 16, 1, self.config.model.num_bins)"],
+                         ids=["other-network", "same-layout-not-zero"])
+def test_a_subclassed_critic_network_gets_a_slow_copy_of_its_own(tmp_path, net):
+    """The slow critic starts as a copy of the critic's network as build_critic returned it
+    (also of one with the default's layout but other weights: lucid's starts at zero); it
     moves 2% of the way to it per update."""
-    (tmp_path / "my_agent.py").write_text(AGENT_FILE + textwrap.dedent('''
+    (tmp_path / "my_agent.py").write_text(AGENT_FILE + textwrap.dedent(f'''
+        from lucid.nets import Head
+
+
         class MyCritic(Agent):
             def build_critic(self):
                 critic = super().build_critic()
-                critic.net = SmallNet(self.wm.feat_dim, self.config.model.num_bins)
+                critic.net = {net}
                 return critic
     '''))
     cfg = _cfg("unused", agent=f"{tmp_path / 'my_agent.py'}:MyCritic")
     agent = agent_class(cfg)(*_spaces(), cfg)
     net, slow = agent.critic.net, agent.critic.slow
-    assert type(slow).__name__ == "SmallNet" and slow is not net
+    assert type(slow) is type(net) and slow is not net
     assert all(torch.equal(a, b) for a, b in zip(net.parameters(), slow.parameters()))
     assert not any(p.requires_grad for p in slow.parameters())
     assert {id(p) for g in agent.opt_critic.param_groups for p in g["params"]} == \

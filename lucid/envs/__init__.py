@@ -177,7 +177,8 @@ def _import_file(path: str):
     file = Path(path).expanduser().resolve()
     if not file.is_file():
         raise ModuleNotFoundError(f"there is no file {file} (if it moved, give its new path; "
-                                  f"for a run, as env.id in the run's config.yaml)")
+                                  f"for a run, in the run's config.yaml: env.id, or "
+                                  f"model.agent for an Agent class)")
     stem = re.sub(r"\W", "_", file.stem)  # a module name pickle can import again
     name = f"_lucid_env_{stem}_{hashlib.sha1(str(file).encode()).hexdigest()[:8]}"
     if name in sys.modules:
