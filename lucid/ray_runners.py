@@ -45,20 +45,22 @@ REPEATS_FATAL = 3  # the same task error this many times in a row: not a flaky w
 
 def _cause(exc: Exception) -> str:
     """What went wrong in a runner: the exception its task raised (a RayTaskError wraps it
-    under a header naming the task and process), else the Ray error itself."""
+    under a header naming the task and process), or its constructor raised (the last line of
+    Ray's message), else the Ray error itself."""
     inner = getattr(exc, "cause", None)
     if isinstance(inner, BaseException):
         return f"{type(inner).__name__}: {inner}".strip()
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if getattr(exc, "actor_init_failed", False) and lines:
+        return lines[-1]
     return f"{type(exc).__name__}: {exc}".strip()
 
 
-def _lost_types() -> tuple:
-    """Ray errors of a runner that died or was lost (not of code that raised): each
-    replacement may well succeed, so they never count as a repeated error."""
+def _raised(exc: Exception) -> bool:
+    """Whether the runner's code raised (its task, or its constructor), as opposed to a
+    runner that was killed or lost with its node, which a replacement may well cure."""
     ex = _ray().exceptions
-    return tuple(getattr(ex, n) for n in ("ActorDiedError", "RayActorError", "NodeDiedError",
-                                          "WorkerCrashedError", "ObjectLostError")
-                 if hasattr(ex, n))
+    return isinstance(exc, ex.RayTaskError) or getattr(exc, "actor_init_failed", False)
 
 
 class EnvRunner:
@@ -194,7 +196,7 @@ class RayCollector:
             raise EnvError(f"Ray env runners died more than run.max_runner_restarts="
                                f"{self.cfg.run.max_runner_restarts} times; last error: "
                                f"{cause}") from exc
-        if self._repeats[1] >= REPEATS_FATAL and not isinstance(exc, _lost_types()):
+        if self._repeats[1] >= REPEATS_FATAL and _raised(exc):
             raise EnvError(f"Ray env runners failed {REPEATS_FATAL} times in a row with the "
                            f"same error, which a new runner does not cure: {cause}") from exc
         print(f"warning: Ray env runner {i} died ({cause.splitlines()[0][:300]}); "
@@ -232,6 +234,7 @@ class RayCollector:
             self._replace(i, exc)
             self._submit(i, agent, agent is None)
             return 0, []
+        self._repeats = ("", 0)  # a chunk arrived: earlier errors were not "in a row"
         replay.add_chunk(i, out["chunk"])
         self.restarts += out["restarts"] - self.env_restarts_seen[i]
         self.env_restarts_seen[i] = out["restarts"]

@@ -346,10 +346,12 @@ def test_ray_runners_keep_the_train_ratio_and_replace_a_killed_runner(tmp_path):
     assert not ray.is_initialized()
 
 
-def test_ray_runners_that_fail_the_same_way_stop_the_run_with_the_cause(tmp_path):
-    """A runner whose task raises (here: its env fails at every step in any process but the
-    learner's, with no env restarts allowed) is not replaced forever: the third identical
-    failure in a row stops the run, naming the runner's own exception."""
+@pytest.mark.parametrize("fail_at", ["step", "reset"])
+def test_ray_runners_that_fail_the_same_way_stop_the_run_with_the_cause(tmp_path, fail_at):
+    """A runner whose code raises (here: its env fails at every step, or at reset, so in the
+    runner's constructor, in any process but the learner's, with no env restarts allowed)
+    is not replaced forever: the third identical failure in a row stops the run, naming the
+    runner's own exception."""
     pytest.importorskip("ray")
     from lucid.train import EnvError, Trainer
     (tmp_path / "fail_env.py").write_text(
@@ -359,17 +361,20 @@ def test_ray_runners_that_fail_the_same_way_stop_the_run_with_the_cause(tmp_path
         "class FailElsewhere(gym.Env):\n"
         "    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)\n"
         "    action_space = gym.spaces.Discrete(2)\n\n"
-        "    def __init__(self, home=0):\n"
-        "        self.home = home\n\n"
+        "    def __init__(self, home=0, fail_at='step'):\n"
+        "        self.home, self.fail_at = home, fail_at\n\n"
+        "    def _check(self, where):\n"
+        "        if where == self.fail_at and os.getpid() != self.home:\n"
+        "            raise RuntimeError(f'the cable is cut at {where}')\n\n"
         "    def reset(self, *, seed=None, options=None):\n"
+        "        self._check('reset')\n"
         "        return np.zeros(2, np.float32), {}\n\n"
         "    def step(self, action):\n"
-        "        if os.getpid() != self.home:\n"
-        "            raise RuntimeError('the cable is cut')\n"
+        "        self._check('step')\n"
         "        return np.zeros(2, np.float32), 0.0, False, False, {}\n")
     cfg = make_config(
         "default", env={"id": f"{tmp_path / 'fail_env.py'}:FailElsewhere", "max_restarts": 0,
-                        "kwargs": {"home": os.getpid()}},
+                        "kwargs": {"home": os.getpid(), "fail_at": fail_at}},
         model={"size": "nano"},
         train={"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 16,
                "train_ratio": 8},
@@ -379,7 +384,7 @@ def test_ray_runners_that_fail_the_same_way_stop_the_run_with_the_cause(tmp_path
     tr = Trainer(cfg)
     try:
         with pytest.raises(EnvError, match=r"failed 3 times in a row with the same error.*"
-                                           r"the cable is cut"):
+                                           rf"the cable is cut at {fail_at}"):
             tr.run()
         assert tr.collector.runner_restarts == 3
     finally:
