@@ -13,9 +13,9 @@ from typing import List, NoReturn, Optional
 import typer
 
 from .config import (PRESETS, RESUME_SETTABLE, SIZES, Config, ConfigError, _suggest,
-                     logger_backends, make_config, to_yaml)
+                     make_config, to_yaml)
 from .envs import default_preset
-from .warn import raised_at, warn
+from .warn import raised_at
 
 app = typer.Typer(add_completion=False, no_args_is_help=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -160,7 +160,7 @@ def train(
         return
     try:
         try:
-            trainer.run()
+            trainer.run(end_videos=trainer.cfg.run.videos)
         except (EnvError, NonFiniteError, DiskFullError) as exc:  # each leaves a checkpoint
             _fail(exc)
         if trainer.signalled is not None:  # Ctrl-C or SIGTERM: saved; say so, exit 128 + N
@@ -171,19 +171,8 @@ def train(
         # not after Ctrl-C; data-parallel: rank 0 only
         if trainer.cfg.run.videos and not trainer._stop and trainer.rank == 0:
             from .report import finish_run
-            typer.echo("writing curves.png, videos/ and report.html ...")
-            writer = None
-            backends = logger_backends(trainer.cfg.run.logger)
-            if "tensorboard" in backends:
-                from torch.utils.tensorboard import SummaryWriter
-                writer = SummaryWriter(str(trainer.run_dir / "tb"))
-            try:
-                made = finish_run(trainer, writer)  # the videos also go to TensorBoard
-            finally:
-                if writer is not None:
-                    writer.close()
-            if "wandb" in backends:
-                _wandb_videos(trainer, made)
+            typer.echo("writing curves.png and report.html ...")
+            made = finish_run(trainer)  # (the run's end made the videos)
             if "report" in made:
                 typer.echo(f"report: {made['report']}")
     finally:
@@ -192,19 +181,6 @@ def train(
         typer.echo(f"stopped at {trainer.counters['env_steps']:,} of {trainer.cfg.run.steps:,} "
                    f"env steps: {trainer.stop_reason}")
     typer.echo(f"done: {json.dumps(trainer.counters)}")
-
-
-def _wandb_videos(trainer, made: dict) -> None:
-    """The end-of-run videos to the run's W&B run (opened again; a failure only warns)."""
-    from .logger import Logger
-    try:
-        logger = Logger(trainer.run_dir, tensorboard=False, progress=False, config=trainer.cfg)
-        try:
-            logger.videos(made, trainer.counters["env_steps"])
-        finally:
-            logger.close()
-    except Exception as exc:  # noqa: BLE001 - the run is done and saved
-        warn(f"could not send the videos to W&B: {type(exc).__name__}: {exc}")
 
 
 def _load_run(run_dir: str, file_ok: bool = False):
@@ -321,7 +297,8 @@ def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str,
                    f"cut there (its return is partial); give env.max_episode_steps", err=True)
     rets = [r.ret for r in recs]
     typer.echo(json.dumps({"episodes": len(rets), "mean_return": sum(rets) / len(rets),
-                           "returns": rets, "videos": paths}))
+                           "returns": rets, "lengths": [r.length for r in recs],
+                           "videos": paths}))
 
 
 @app.command("dream")
