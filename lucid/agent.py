@@ -17,7 +17,7 @@ from . import kernels
 from .behavior import (Actor, Critic, ReturnNorm, actor_loss, critic_loss, episode_ends,
                        imagined_weights, lambda_return, replay_critic_loss, replay_lambda_return,
                        uses_reinforce)
-from .config import Config
+from .config import Config, ConfigError
 from .nets import dense_for
 from .envs.spaces import ActionSpec, ObsSpec
 from .world_model import State, WorldModel
@@ -60,7 +60,7 @@ def _check_trained(opt, params: list, optimizers: dict) -> None:
         raise RuntimeError(
             f"the {name}'s parameters are not the ones its optimiser was made over: a module "
             f"replaced after Agent.__init__ would never train. Return it from "
-            f"Agent.build_{'world_model' if name == 'world_model' else name} in a subclass "
+            f"Agent.build_{name} in a subclass "
             f"and name that in model.agent (docs/extending.md)")
 
 
@@ -80,7 +80,6 @@ def agent_class(config: Config) -> type:
     spec = config.model.agent
     if not spec:
         return Agent
-    from .config import ConfigError
     from .envs import import_attr
     try:
         cls = import_attr(spec)

@@ -201,11 +201,9 @@ class Critic(nn.Module):
         self.slow = copy.deepcopy(self.net).requires_grad_(False)
 
     def copy_to_slow(self) -> None:
-        """A new slow copy of `net` where it is not one (a subclassed Agent replaced `net`)."""
-        def layout(m):
-            return type(m), [(k, v.shape) for k, v in m.state_dict().items()]
-        if layout(self.slow) != layout(self.net):
-            self.slow = copy.deepcopy(self.net).requires_grad_(False)
+        """slow := a copy of `net`, as at the start (Agent calls it after build_critic, which
+        may have replaced `net`)."""
+        self.slow = copy.deepcopy(self.net).requires_grad_(False)
 
     def forward(self, feat: torch.Tensor) -> torch.Tensor:
         return fp32(self.net(dense_for(self.net, feat)))  # fp32 logits (bf16 autocast)

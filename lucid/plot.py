@@ -103,12 +103,15 @@ def load_run(run_dir: str | Path) -> Run:
     """A run directory's config, episodes and metric rows. config.yaml holds the resolved
     config, so a key it lacks is newer than the file: it takes its dataclass default (not a
     preset's value), which is how the code behaved before the key existed as long as that
-    default has not changed. A run without config.yaml has an empty config."""
+    default has not changed; a key this lucid no longer has is left out. A run without
+    config.yaml has an empty config."""
     path = Path(run_dir)
     if not (path / "episodes.jsonl").exists():
         raise FileNotFoundError(f"{path} has no episodes.jsonl; is it a lucid run directory?")
     cfg_path = path / "config.yaml"
     config = flatten(yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.exists() else {}
+    known = config_defaults()  # a key this lucid no longer has shapes nothing: left out
+    config = {k: v for k, v in config.items() if k in known or k.startswith("env.kwargs.")}
     rows = read_jsonl(path / "episodes.jsonl")
     return Run(path, {**config_defaults(), **config} if config else {},
                episodes=[r for r in rows if not r.get("eval")],
@@ -163,6 +166,8 @@ def _describe(key: str, cfg: dict) -> str:
         return _env(cfg.get(key))
     if key == "run.tag":
         return cfg.get(key) or "untagged"
+    if key == "model.agent":  # a file's name, not its absolute path
+        return f"model.agent={_env(cfg.get(key)) if cfg.get(key) else 'lucid.agent:Agent'}"
     return f"{key}={cfg[key]}" if key in cfg else f"{key}=-"
 
 

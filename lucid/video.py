@@ -548,7 +548,7 @@ def _log_videos(trainer, writer, step, horizon, context, fps, rows) -> dict[str,
     return paths
 
 
-_STEP = re.compile(r"(eval|dream)-(\d+)")  # the names videos get: eval-000012000.mp4
+_STEP = re.compile(r"(eval|dream)-(\d{9,})(?=[-.])")  # the names videos get: eval-000012000.mp4
 
 
 def video_step(path: str | Path) -> int | None:
@@ -567,4 +567,10 @@ def set_aside_videos_after(run_dir: str | Path, env_steps: int) -> list[Path]:
     if not late:
         return []
     (videos / "superseded").mkdir(exist_ok=True)
-    return [v.rename(videos / "superseded" / v.name) for v in late]
+    moved = []
+    for v in late:  # never over one set aside by an earlier resume
+        to, n = videos / "superseded" / v.name, 1
+        while to.exists():
+            to, n = videos / "superseded" / f"{v.stem}.{n}{v.suffix}", n + 1
+        moved.append(v.rename(to))
+    return moved

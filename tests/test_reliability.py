@@ -656,16 +656,20 @@ def test_resume_sets_aside_a_corrupt_checkpoint_and_drops_logs_past_the_checkpoi
             f.write(json.dumps({"env_steps": 55, "lost": True}) + "\n" + '{"env_st')
     videos = tmp_path / "videos"  # and videos it made later: moved out of the report
     videos.mkdir(exist_ok=True)
-    for name in ("eval-000000040.mp4", "eval-000000055.mp4", "dream-000000055.png", "mine.gif"):
+    (videos / "superseded").mkdir()  # one set aside by an earlier resume stays
+    (videos / "superseded" / "eval-000000055.mp4").write_bytes(b"earlier")
+    for name in ("eval-000000040.mp4", "eval-000000055.mp4", "dream-000000055.png", "mine.gif",
+                 "eval-2024-notes.mp4"):  # the last is the user's: no step of lucid's
         (videos / name).write_bytes(name.encode())
     with pytest.warns(UserWarning, match="set aside as ckpt-000000999.pt.corrupt"):
         again = Trainer(make_config("default", run={"steps": 60}), tmp_path, resume=True)
     again.run()
     again.close()
-    assert sorted(p.name for p in videos.iterdir()) == ["eval-000000040.mp4", "mine.gif",
-                                                        "superseded"]
-    assert sorted(p.read_text() for p in (videos / "superseded").iterdir()) == \
-        ["dream-000000055.png", "eval-000000055.mp4"]
+    assert sorted(p.name for p in videos.iterdir()) == [
+        "eval-000000040.mp4", "eval-2024-notes.mp4", "mine.gif", "superseded"]
+    assert {p.name: p.read_text() for p in (videos / "superseded").iterdir()} == {
+        "eval-000000055.mp4": "earlier", "eval-000000055.1.mp4": "eval-000000055.mp4",
+        "dream-000000055.png": "dream-000000055.png"}
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == [list_checkpoints(tmp_path)[-1].name, "ckpt-000000999.pt.corrupt"]
     assert load_latest(tmp_path)[0]["counters"]["env_steps"] == 60  # the new one was kept

@@ -358,6 +358,14 @@ def test_plot_groups_runs_by_tag_and_labels_them_by_it(tmp_path):
         "my-actor, train.train_ratio=64.0 (1 seed)"]
     assert list(group_runs([load_run(r) for r in mine])) == ["CartPole-v1, my-actor (2 seeds)"]
     assert list(group_runs([load_run(r) for r in base])) == ["CartPole-v1 (2 seeds)"]
+    # an Agent subclass by its file's name (docs/extending.md's example), lucid's by its own
+    (tmp_path / "proj").mkdir()
+    agent = f"{tmp_path / 'proj' / 'my_agent.py'}:MyAgent"
+    small = _synthetic_run(tmp_path / "small", 0, ["run.tag=small-actor", f"model.agent={agent}"])
+    tagged = _synthetic_run(tmp_path / "tagged", 0, ["run.tag=baseline"])
+    assert list(group_runs([load_run(r) for r in (tagged, small)])) == [
+        "baseline, model.agent=lucid.agent:Agent (1 seed)",
+        "small-actor, model.agent=my_agent.py:MyAgent (1 seed)"]
 
 
 def test_plot_reads_a_key_missing_from_an_old_config_as_its_default(tmp_path):
@@ -372,6 +380,18 @@ def test_plot_reads_a_key_missing_from_an_old_config_as_its_default(tmp_path):
     # file lacks did not exist when it was written
     older = _synthetic_run(tmp_path / "older", 3, drop=["model.size"])
     assert load_run(older).config["model.size"] == "XS"
+    # a key this lucid no longer has (a newer or older lucid's) shapes nothing; env kwargs do
+    gone = _synthetic_run(tmp_path / "gone", 4)
+    cfg_file = gone / "config.yaml"
+    tree = yaml.safe_load(cfg_file.read_text())
+    tree["train"]["removed_key"] = 3
+    tree["env"]["kwargs"] = {"size": 8}
+    cfg_file.write_text(yaml.safe_dump(tree))
+    assert "train.removed_key" not in load_run(gone).config
+    assert load_run(gone).config["env.kwargs.size"] == 8
+    del tree["env"]["kwargs"]
+    cfg_file.write_text(yaml.safe_dump(tree))
+    assert list(group_runs([load_run(r) for r in (new, gone)])) == ["CartPole-v1 (2 seeds)"]
     bare = tmp_path / "bare"  # no config.yaml at all: no config, not the defaults
     bare.mkdir()
     shutil.copy(new / "episodes.jsonl", bare)
@@ -466,7 +486,7 @@ def test_report_orders_videos_by_step_and_embeds_those_of_a_few_steps(runs, tmp_
     shutil.rmtree(run / "videos", ignore_errors=True)
     (run / "videos").mkdir()
     frame = np.zeros((8, 8, 3), np.uint8)
-    for step in (7, 10, 1, 2, 3, 4, 6):  # written out of order; 10 sorts after 7, not before 2
+    for step in (7, 10, 1, 2, 3, 4, 6):  # written out of order; at a step, eval before dream
         for kind in ("dream", "eval"):
             iio.imwrite(run / "videos" / f"{kind}-{step:09d}.png", frame)
     iio.imwrite(run / "videos" / "mine.png", frame)
@@ -493,6 +513,7 @@ def test_cli_eval_video_dream_plot_report(runs, tmp_path):
     frames = video.read_video(path)
     assert path.startswith(str(run / "videos")) and frames.shape == (out["returns"][0] + 1,
                                                                      400, 600, 3)
+    assert out["lengths"] == [len(frames) - 1]  # CartPole: reward 1 per step, frames + reset
     r = cli.invoke(app, ["dream", str(run), "--horizon", "6", "--context", "3", "--rows", "2",
                          "--out", str(tmp_path / "dream.gif")])
     assert r.exit_code == 0, r.output
