@@ -17,6 +17,7 @@ from lucid.config import make_config
 from lucid.envs.spaces import ActionSpec, ObsSpec
 from lucid.nets import onehot_mode, symexp
 from lucid.world_model import WorldModel
+from numpy_ref import np_log_softmax, np_symlog, np_twohot_ce, np_twohot_mean, t2n
 
 VEC = ObsSpec(vectors={"vector": 4})
 DISCRETE = ActionSpec.from_space(gym.spaces.Discrete(2))
@@ -24,7 +25,6 @@ BOX = ActionSpec.from_space(gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
 # a Discrete(3) and a two-dimensional Box: the model's action is [one-hot (3), Box (2)]
 MIXED = ActionSpec.from_space(gym.spaces.Tuple((gym.spaces.Discrete(3),
                                                 gym.spaces.Box(-1.0, 1.0, (2,), np.float32))))
-BINS = np.linspace(-20.0, 20.0, 255)
 
 
 def cfg(size="nano", model=None, **train):
@@ -51,47 +51,11 @@ def random_batch(act: ActionSpec, B=3, T=6, seed=0, obs_dim=4):
     }
 
 
-def np_symlog(x):
-    return np.sign(x) * np.log1p(np.abs(x))
-
-
-def np_symexp(x):
-    return np.sign(x) * np.expm1(np.abs(x))
-
-
-def np_log_softmax(x):
-    m = x.max(-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
-
-
-def np_twohot(y, bins=BINS):
-    y = np.clip(np.asarray(y, np.float64), bins[0], bins[-1])
-    out = np.zeros(y.shape + (len(bins),))
-    for idx in np.ndindex(y.shape):
-        k = min(int(np.searchsorted(bins, y[idx], side="right")) - 1, len(bins) - 2)
-        frac = (y[idx] - bins[k]) / (bins[k + 1] - bins[k])
-        out[idx + (k,)] += 1 - frac
-        out[idx + (k + 1,)] += frac
-    return out
-
-
-def np_twohot_ce(logits, target_real):
-    return -(np_twohot(np_symlog(target_real)) * np_log_softmax(logits)).sum(-1)
-
-
-def np_twohot_mean(logits):
-    return np_symexp((np.exp(np_log_softmax(logits)) * BINS).sum(-1))
-
-
 def sharpen_posterior(wm: WorldModel, factor=1e6):
     """With unimix 0 and huge posterior logits the 'sample' is the argmax with certainty,
     which makes filtering deterministic so that whole trajectories can be compared."""
     with torch.no_grad():
         wm.post_out.weight.mul_(factor)
-
-
-def t2n(x):
-    return x.detach().double().numpy()
 
 
 # --------------------------------------------------------------------------- world model

@@ -14,49 +14,13 @@ from lucid.behavior import (ReturnNorm, episode_ends, imagined_weights, lambda_r
 from lucid.nets import (LN_EPS, ImageDecoder, ImageEncoder, NormGRUCell, TwoHot,
                         categorical_index, categorical_kl, onehot_sample, symexp, symlog,
                         unimix_logits, unimix_probs)
+from numpy_ref import (loop_imagined_weights, loop_lambda_return, np_log_softmax, np_softmax,
+                       np_symexp, np_symlog, np_twohot)
 
 F64 = torch.float64
 
 
 # --------------------------------------------------------------------------- numpy references
-
-
-def np_symlog(x):
-    return np.sign(x) * np.log(np.abs(x) + 1.0)
-
-
-def np_symexp(x):
-    return np.sign(x) * (np.exp(np.abs(x)) - 1.0)
-
-
-def np_softmax(x):
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-def np_log_softmax(x):
-    m = x.max(-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
-
-
-def np_twohot(y, bins):
-    """Two-hot weights of scalar targets `y` (symlog space) over sorted `bins`, one python
-    loop per value: the two neighbouring bins get linear-interpolation weights."""
-    y = np.asarray(y, dtype=np.float64)
-    out = np.zeros(y.shape + (len(bins),))
-    for idx in np.ndindex(y.shape):
-        v = y[idx]
-        if v <= bins[0]:
-            out[idx + (0,)] = 1.0
-            continue
-        if v >= bins[-1]:
-            out[idx + (len(bins) - 1,)] = 1.0
-            continue
-        k = int(np.searchsorted(bins, v, side="right")) - 1  # bins[k] <= v < bins[k+1]
-        frac = (v - bins[k]) / (bins[k + 1] - bins[k])
-        out[idx + (k,)] += 1.0 - frac
-        out[idx + (k + 1,)] += frac
-    return out
 
 
 PAPER_BINS = np.linspace(-20.0, 20.0, 255)
@@ -413,19 +377,6 @@ def test_categorical_kl_matches_numpy():
 # --------------------------------------------------------------------------- λ-returns
 
 
-def loop_lambda_return(r, c, v, gamma, lam):
-    """The recursion of the definition, one scalar at a time."""
-    H1, N = r.shape
-    H = H1 - 1
-    out = np.zeros((H, N))
-    for n in range(N):
-        R = v[H, n]
-        for t in reversed(range(H)):
-            R = r[t + 1, n] + gamma * c[t + 1, n] * ((1 - lam) * v[t + 1, n] + lam * R)
-            out[t, n] = R
-    return out
-
-
 def nstep_lambda_return(r, c, v, gamma, lam):
     """The same quantity as a λ-weighted mixture of n-step returns (double loop over the
     start step and the horizon): R_t = (1-λ) Σ_{n<H-t} λ^{n-1} G_t^n + λ^{H-t-1} G_t^{H-t}."""
@@ -564,13 +515,7 @@ def test_imagined_weights_loop():
     c[:, 0] = 1.0
     c[0, 1] = 0.0  # terminal start state
     got = imagined_weights(torch.tensor(c, dtype=F64), gamma).numpy()
-    ref = np.zeros((H1, N))
-    for n in range(N):
-        prod = 1.0
-        for t in range(H1):
-            prod *= gamma * c[t, n]
-            ref[t, n] = prod / gamma
-    np.testing.assert_allclose(got, ref, rtol=1e-13)
+    np.testing.assert_allclose(got, loop_imagined_weights(c, gamma), rtol=1e-13)
     np.testing.assert_allclose(got[:, 0], gamma ** np.arange(H1), rtol=1e-13)  # no ends
     assert (got[:, 1] == 0).all()  # terminal start: nothing counts
 

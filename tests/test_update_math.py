@@ -35,57 +35,18 @@ from lucid.agent import Agent
 from lucid.config import make_config
 from lucid.envs.spaces import ActionSpec, ObsSpec
 from lucid.nets import OneHotCat
+from numpy_ref import (BINS, loop_imagined_weights, loop_lambda_return, np_log_softmax,
+                       np_symlog, np_twohot, np_twohot_ce, np_twohot_mean, t2n)
 
 VEC = ObsSpec(vectors={"vector": 4})
 DISCRETE = ActionSpec.from_space(gym.spaces.Discrete(3))
 BOX = ActionSpec.from_space(gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
-BINS = np.linspace(-20.0, 20.0, 255)  # model.num_bins, bins_low, bins_high (defaults)
 
 # Non-default constants, so that a swapped or dropped constant changes the numbers.
 GAMMA, LAM, ETA, SLOW_REG = 0.9, 0.7, 0.05, 0.4
 H = 5
 # The return normaliser's EMA before the update (as if after earlier updates): S > 1.
 LOW0, HIGH0 = -3.0, 4.0
-
-
-# --------------------------------------------------------------------------- numpy helpers
-
-
-def np_symlog(x):
-    return np.sign(x) * np.log1p(np.abs(x))
-
-
-def np_symexp(x):
-    return np.sign(x) * np.expm1(np.abs(x))
-
-
-def np_log_softmax(x):
-    m = x.max(-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
-
-
-def np_twohot(y):
-    """Two-hot encoding of the symlog-space values y over BINS (clipped to the range)."""
-    y = np.clip(np.asarray(y, np.float64), BINS[0], BINS[-1])
-    out = np.zeros(y.shape + (len(BINS),))
-    for idx in np.ndindex(y.shape):
-        k = min(int(np.searchsorted(BINS, y[idx], side="right")) - 1, len(BINS) - 2)
-        frac = (y[idx] - BINS[k]) / (BINS[k + 1] - BINS[k])
-        out[idx + (k,)] += 1 - frac
-        out[idx + (k + 1,)] += frac
-    return out
-
-
-def np_twohot_ce(logits, target_real):
-    return -(np_twohot(np_symlog(target_real)) * np_log_softmax(logits)).sum(-1)
-
-
-def np_twohot_mean(logits):
-    return np_symexp((np.exp(np_log_softmax(logits)) * BINS).sum(-1))
-
-
-def t2n(x):
-    return x.detach().double().cpu().numpy()
 
 
 # --------------------------------------------------------------------------- setup
@@ -183,19 +144,8 @@ def expected_update(rec: dict, batch: dict, act: ActionSpec, ema=(LOW0, HIGH0), 
     for t in range(1, H + 1):
         cont[t] = (cont_logit[t] > 0).astype(np.float64)
 
-    ret = np.zeros((H + 1, N))
-    ret[H] = value[H]
-    for t in range(H - 1, -1, -1):
-        ret[t] = reward[t + 1] + GAMMA * cont[t + 1] * (
-            (1 - LAM) * value[t + 1] + LAM * ret[t + 1])
-    ret = ret[:H]
-
-    weight = np.zeros((H, N))
-    for n in range(N):
-        prod = 1.0
-        for t in range(H):
-            prod *= GAMMA * cont[t, n]
-            weight[t, n] = prod / GAMMA
+    ret = loop_lambda_return(reward, cont, value, GAMMA, LAM)  # (H, N)
+    weight = loop_imagined_weights(cont, GAMMA)[:H]
 
     low = 0.99 * ema[0] + 0.01 * np.percentile(ret, 5)   # numpy's default: linear
     high = 0.99 * ema[1] + 0.01 * np.percentile(ret, 95)  # interpolation, as torch.quantile
