@@ -111,6 +111,8 @@ class TrainConfig:
     dyn_scale: float = 0.5
     rep_scale: float = 0.1
     free_nats: float = 1.0
+    dyn_free_nats: Optional[float] = None  # the dynamics KL's own clip (None = free_nats)
+    rep_free_nats: Optional[float] = None  # the representation KL's own clip (None = free_nats)
     model_lr: float = 1e-4
     model_eps: float = 1e-8
     model_clip: float = 1000.0
@@ -375,6 +377,8 @@ def validate(cfg: Config) -> None:
         (min(t.model_lr, t.actor_lr, t.critic_lr) >= 0, "learning rates must be >= 0"),
         (0 <= cfg.model.unimix < 1 and 0 <= (cfg.model.actor_unimix or 0) < 1,
          "model.unimix and model.actor_unimix must be in [0, 1)"),
+        (min(t.free_nats, t.dyn_free_nats or 0, t.rep_free_nats or 0) >= 0,
+         "train.free_nats, train.dyn_free_nats and train.rep_free_nats must be >= 0"),
         (t.prefill >= 0 and t.replay_max_gb >= 0, "train.prefill and train.replay_max_gb >= 0"),
         (t.replay_chunk >= 1 and t.max_nonfinite >= 1,
          "train.replay_chunk and train.max_nonfinite must be >= 1"),

@@ -86,7 +86,10 @@ DESCRIPTIONS: dict[str, str] = {
     "train.cont_scale": "weight of the continue head's loss in L_pred",
     "train.dyn_scale": "weight of the dynamics KL (prior towards the stopped posterior)",
     "train.rep_scale": "weight of the representation KL (posterior towards the stopped prior)",
-    "train.free_nats": "both KL terms are clipped below at this many nats",
+    "train.free_nats": "both KL terms are clipped below at this many nats (free bits)",
+    "train.dyn_free_nats": "the dynamics KL's clip where it should differ from free_nats (the "
+                           "authors' config has one per term: dyn.free, rep.free)",
+    "train.rep_free_nats": "the representation KL's clip where it should differ from free_nats",
     "train.model_lr": "Adam learning rate of the world model",
     "train.model_eps": "Adam epsilon of the world model",
     "train.model_clip": "gradient-norm clip of the world model",

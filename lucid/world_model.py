@@ -354,8 +354,9 @@ class WorldModel(nn.Module):
 
     def loss(self, batch: dict, tcfg: TrainConfig, state: State | None = None):
         """World-model loss (eq. 4): L_pred + dyn_scale * L_dyn + rep_scale * L_rep, each KL
-        clipped below at `free_nats`, averaged over B and T; L_pred weighs the decoder, reward
-        and continue terms by their scales (1 each in the paper). Returns the loss, its
+        clipped below at `free_nats` (or at its own `dyn_free_nats` / `rep_free_nats`),
+        averaged over B and T; L_pred weighs the decoder, reward and continue terms by their
+        scales (1 each in the paper). Returns the loss, its
         metrics (0-d tensors, logged as they are named) and the tensors a subclass adding a
         term may need: h, z, feat = [h, z], recon, the embeddings and the last state."""
         obs = batch["obs"]
@@ -370,8 +371,10 @@ class WorldModel(nn.Module):
             fp32(self.cont(feat).squeeze(-1)), cont_target, reduction="none")
         kl_dyn = categorical_kl(post.detach(), prior)
         kl_rep = categorical_kl(post, prior.detach())
-        l_dyn = kl_dyn.clamp(min=tcfg.free_nats)
-        l_rep = kl_rep.clamp(min=tcfg.free_nats)
+        free_dyn, free_rep = (tcfg.free_nats if f is None else f
+                              for f in (tcfg.dyn_free_nats, tcfg.rep_free_nats))
+        l_dyn = kl_dyn.clamp(min=free_dyn)
+        l_rep = kl_rep.clamp(min=free_rep)
         l_pred = tcfg.decoder_scale * l_dec + tcfg.reward_scale * l_rew + tcfg.cont_scale * l_con
         total = (l_pred + tcfg.dyn_scale * l_dyn + tcfg.rep_scale * l_rep).mean()
         metrics = {

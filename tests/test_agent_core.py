@@ -386,6 +386,18 @@ def test_free_bits_with_mixed_kls():
     np.testing.assert_allclose(m["world_model/rep"].item(), clipped, rtol=1e-4)
     np.testing.assert_allclose(m["world_model/kl"].item(), kl.mean(), rtol=1e-4)
     assert m["world_model/dyn"].item() > kl.mean() + 1e-3  # the clip did something
+    # One clip per term (the authors' dyn.free and rep.free): each term takes its own.
+    low, high = (float(np.quantile(kl, q)) for q in (0.25, 0.75))
+    for dyn_free, rep_free in ((low, high), (high, None)):
+        tcfg = cfg("micro", free_nats=free, dyn_free_nats=dyn_free,
+                   rep_free_nats=rep_free).train
+        torch.manual_seed(11)
+        _, m, _ = wm.loss(batch, tcfg)
+        rep_want = free if rep_free is None else rep_free
+        np.testing.assert_allclose(m["world_model/dyn"].item(),
+                                   np.maximum(dyn_free, kl).mean(), rtol=1e-4)
+        np.testing.assert_allclose(m["world_model/rep"].item(),
+                                   np.maximum(rep_want, kl).mean(), rtol=1e-4)
 
 
 def test_free_bits_below_one_nat_give_exactly_one_and_no_gradient():
