@@ -391,6 +391,48 @@ def test_ray_runners_that_fail_the_same_way_stop_the_run_with_the_cause(tmp_path
         tr.close()
 
 
+def test_ray_runner_errors_between_good_chunks_are_not_in_a_row(tmp_path):
+    """Each runner delivers one chunk, then its env raises the same error. The errors are
+    never three in a row (a chunk arrives between them), so runners are replaced and the
+    run reaches its steps instead of stopping at the third error."""
+    pytest.importorskip("ray")
+    from lucid.train import Trainer
+    (tmp_path / "flaky_env.py").write_text(
+        "import os\n"
+        "import gymnasium as gym\n"
+        "import numpy as np\n\n"
+        "STEPS = 0  # per process: each new runner starts again\n\n"
+        "class SecondChunkFails(gym.Env):\n"
+        "    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)\n"
+        "    action_space = gym.spaces.Discrete(2)\n\n"
+        "    def __init__(self, home=0):\n"
+        "        self.home = home\n\n"
+        "    def reset(self, *, seed=None, options=None):\n"
+        "        return np.zeros(2, np.float32), {}\n\n"
+        "    def step(self, action):\n"
+        "        global STEPS\n"
+        "        STEPS += 1\n"
+        "        if STEPS == 12 and os.getpid() != self.home:\n"
+        "            raise RuntimeError('the cable is cut again')\n"
+        "        return np.zeros(2, np.float32), 0.0, False, False, {}\n")
+    cfg = make_config(
+        "default", env={"id": f"{tmp_path / 'flaky_env.py'}:SecondChunkFails",
+                        "max_restarts": 0, "kwargs": {"home": os.getpid()}},
+        model={"size": "nano"},
+        train={"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 16,
+               "train_ratio": 8},
+        run={"steps": 32, "log_every": 0.0, "progress": False, "run_dir": str(tmp_path / "run"),
+             "runners": "ray", "num_runners": 1, "envs_per_runner": 1, "runner_chunk": 8,
+             "ray_num_cpus": 1, "videos": False, "max_runner_restarts": 50})
+    tr = Trainer(cfg)
+    try:
+        tr.run()
+        assert tr.counters["env_steps"] >= 32
+        assert tr.collector.runner_restarts >= 3  # more errors than REPEATS_FATAL in all
+    finally:
+        tr.close()
+
+
 def test_replay_group_samples_every_part_and_add_chunk_matches_add():
     from lucid.replay import Replay, ReplayGroup
     fields = {"obs/vector": ((1,), np.float32), "action": ((1,), np.float32),
