@@ -93,7 +93,8 @@ class EnvRunner:
         """Step every env `length` times. `weights` (the world model's and actor's state
         dicts, updates `version`) replace the policy first; `explore_random` takes uniformly
         random actions (prefill). Returns the chunk (fields shaped (num_envs, length, ...)),
-        finished episodes, the weights' version and the env restarts so far."""
+        finished episodes (return, length, the env's info of their last step), the weights'
+        version and the env restarts so far."""
         if weights is not None:
             self.agent.wm.load_state_dict(weights["world_model"])
             self.agent.actor.load_state_dict(weights["actor"])
@@ -104,7 +105,7 @@ class EnvRunner:
         for _ in range(length):
             record, finished = self.collector.step(policy)
             records.append({k: np.array(v) for k, v in record.items()})
-            episodes += [(e.ret, e.length) for e in finished]
+            episodes += [(e.ret, e.length, e.info) for e in finished]
         chunk = {k: np.stack([r[k] for r in records], 1) for k in records[0]}
         return {"chunk": chunk, "episodes": episodes,
                 "version": self.version if policy is not None else None,
@@ -241,7 +242,7 @@ class RayCollector:
         if out["version"] is not None and agent is not None:
             self._lags.append(agent.updates - out["version"])
         self._submit(i, agent, agent is None)
-        return self.per_runner * self.chunk, [Episode(r, n) for r, n in out["episodes"]]
+        return self.per_runner * self.chunk, [Episode(*ep) for ep in out["episodes"]]
 
     def metrics(self) -> dict:
         """Runner metrics since the last call (for the trainer's metric rows)."""

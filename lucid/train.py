@@ -594,7 +594,6 @@ class Trainer:
                         f"{exc} (at {c['env_steps']} env steps); stopped with a checkpoint in "
                         f"{self.run_dir}: fix the environment, then continue with "
                         f"{self.resume_hint()}") from exc
-                self.achievements.update(getattr(self.collector, "info", None) or {})
                 c["env_steps"] += n
                 if not endless_noted and c["env_steps"] >= NO_EPISODE_NOTE:
                     endless_noted = True
@@ -605,6 +604,7 @@ class Trainer:
                               f"evaluations come from finished episodes")
                 for ep in finished:
                     c["episodes"] += 1
+                    self.achievements.update(ep.info)  # Crafter's final counts, else nothing
                     self.recent = (self.recent + [ep.ret])[-10:]
                     logger.episode({"env_steps": c["env_steps"], "return": ep.ret,
                                     "length": ep.length, "wall_time": time.time() - start,

@@ -433,6 +433,45 @@ def test_ray_runner_errors_between_good_chunks_are_not_in_a_row(tmp_path):
         tr.close()
 
 
+def test_ray_runners_bring_each_episodes_last_info(tmp_path):
+    """The info of an episode's last step travels back from a Ray runner, so Crafter's
+    achievements reach the score (and the learn() callback) as they do with local envs."""
+    pytest.importorskip("ray")
+    from lucid.train import Trainer
+    (tmp_path / "wood_env.py").write_text(
+        "import gymnasium as gym\n"
+        "import numpy as np\n\n"
+        "class Wood(gym.Env):\n"
+        "    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)\n"
+        "    action_space = gym.spaces.Discrete(2)\n\n"
+        "    def reset(self, *, seed=None, options=None):\n"
+        "        self.t = 0\n"
+        "        return np.zeros(2, np.float32), {}\n\n"
+        "    def step(self, action):\n"
+        "        self.t += 1\n"
+        "        end = self.t == 4\n"
+        "        info = {'episode_achievements': {'collect_wood': 1}} if end else {}\n"
+        "        return np.zeros(2, np.float32), 0.0, end, False, info\n")
+    counts = {}
+    for runners in ("ray", "local"):
+        cfg = make_config(
+            "default", env={"id": f"{tmp_path / 'wood_env.py'}:Wood"}, model={"size": "nano"},
+            train={"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 16,
+                   "train_ratio": 8},
+            run={"steps": 32, "log_every": 0.0, "progress": False, "videos": False,
+                 "run_dir": str(tmp_path / runners), "runners": runners, "num_runners": 1,
+                 "envs_per_runner": 1, "runner_chunk": 8, "ray_num_cpus": 1})
+        tr = Trainer(cfg)
+        try:
+            tr.run()
+            counts[runners] = tr.achievements.episodes
+            assert tr.achievements.episodes == tr.counters["episodes"] >= 4
+            assert tr.achievements.metrics()["crafter/success/collect_wood"] == 100.0
+        finally:
+            tr.close()
+    assert counts["ray"] == counts["local"], counts  # the same 32 steps either way
+
+
 def test_replay_group_samples_every_part_and_add_chunk_matches_add():
     from lucid.replay import Replay, ReplayGroup
     fields = {"obs/vector": ((1,), np.float32), "action": ((1,), np.float32),
