@@ -77,11 +77,10 @@ class EnvRunner:
         cfg = from_yaml(cfg_yaml)
         self.index = index
         obs_spec, act_spec = spaces_of(cfg)
-        if getattr(cfg.train, "compile", False):
-            cfg.train.compile = False  # acting only: not worth compiling
+        # Acting on a CPU copy: compiling is not worth it, and CUDA graphs need a GPU.
+        cfg.train.compile = cfg.train.cuda_graph = False
         self.agent = agent_class(cfg)(obs_spec, act_spec, cfg, "cpu")
-        make = env_fn(cfg.env.id, cfg.env.max_episode_steps,
-                      **dict(getattr(cfg.env, "kwargs", None) or {}))
+        make = env_fn(cfg.env.id, cfg.env.max_episode_steps, **cfg.env.kwargs)
         self.collector = Collector([restarting(make, cfg.env.max_restarts)] * num_envs,
                                    obs_spec, act_spec, seed=seed)
         self.version = -1  # learner updates of the weights held (-1: none yet)

@@ -472,6 +472,20 @@ def test_ray_runners_bring_each_episodes_last_info(tmp_path):
     assert counts["ray"] == counts["local"], counts  # the same 32 steps either way
 
 
+def test_a_ray_runner_acts_on_its_cpu_whatever_the_learners_speed_switches():
+    """A runner acts with a CPU copy of the policy: a learner's train.cuda_graph (GPU only)
+    or train.compile must not stop it from starting (cuda_graph used to: every runner
+    raised at construction and the run stopped)."""
+    from lucid.config import to_yaml
+    from lucid.ray_runners import EnvRunner
+    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
+                      train={"cuda_graph": True, "compile": True})
+    runner = EnvRunner(to_yaml(cfg), index=0, seed=1, num_envs=2)
+    out = runner.sample(5, explore_random=True)
+    assert out["chunk"]["reward"].shape == (2, 5)
+    assert not runner.agent.config.train.cuda_graph and not runner.agent.config.train.compile
+
+
 def test_replay_group_samples_every_part_and_add_chunk_matches_add():
     from lucid.replay import Replay, ReplayGroup
     fields = {"obs/vector": ((1,), np.float32), "action": ((1,), np.float32),
