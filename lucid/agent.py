@@ -382,6 +382,8 @@ class Agent:
     def load_state_dict(self, state: dict) -> None:
         for k, m in self.modules().items():
             own, theirs = m.state_dict(), state["modules"][k]
+            if k == "return_norm":  # checkpoints before 2026-12-03 saved the percentiles
+                theirs = {n: v for n, v in theirs.items() if n != "q"}
             if own.keys() != theirs.keys():
                 raise ValueError(f"checkpoint does not match this agent's {k}: "
                                  f"{_key_difference(k, own, theirs)}; it was saved by another "

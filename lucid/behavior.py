@@ -68,7 +68,8 @@ class ReturnNorm(nn.Module):
                  min_scale: float = 1.0):
         super().__init__()
         self.decay, self.min_scale = decay, min_scale
-        self.register_buffer("q", torch.tensor([low / 100.0, high / 100.0]))
+        # The percentiles are settings, not state: a resume takes the config's.
+        self.register_buffer("q", torch.tensor([low / 100.0, high / 100.0]), persistent=False)
         self.register_buffer("low", torch.zeros(()))
         self.register_buffer("high", torch.zeros(()))
 
