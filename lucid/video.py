@@ -254,14 +254,6 @@ class Recording:
     path: Path | None = None  # the video file, when the frames were streamed to one
 
 
-def _batched(obs, spec) -> dict[str, np.ndarray]:
-    if isinstance(obs, dict):
-        raw = {k: np.asarray(v)[None] for k, v in obs.items()}
-    else:
-        raw = np.asarray(obs)[None]
-    return spec.convert(raw, (1,))
-
-
 def _obs_frame(arrays: dict[str, np.ndarray], spec) -> np.ndarray:
     """The image observations of one step, side by side."""
     return np.concatenate([to_rgb(arrays[k][0]) for k in spec.images], 1)
@@ -274,51 +266,58 @@ def record_episodes(agent, env_id: str, episodes: int = 1, max_episode_steps: in
                     downsample: int = 1, env_kwargs: dict | None = None) -> list[Recording]:
     """Run `episodes` episodes of one env with the agent's greedy (or sampled) policy and keep
     a frame of every step: `env.render()` for vector observations, the image observations
-    themselves otherwise. `max_steps` caps an episode (its return is then partial).
+    themselves otherwise. `max_steps` caps an episode (its return is then partial; the next
+    episode starts from a fresh env seeded `seed + i`).
 
-    With `paths` (one video file per episode) the frames are streamed to those files instead
-    of being kept in memory (`Recording.frames` is then None). `downsample` keeps every k-th
-    pixel of rendered frames."""
-    from .envs import make_env
+    The episodes are stepped as `runner.evaluate` steps them (one `Collector` env, seeded
+    once, reset by the vector env), so the same seeds and torch seed give the same episodes
+    with and without video. With `paths` (one video file per episode) the frames are
+    streamed to those files instead of being kept in memory (`Recording.frames` is then
+    None). `downsample` keeps every k-th pixel of rendered frames."""
+    from .envs import env_fn
+    from .runner import Collector
     if paths is not None and len(paths) != episodes:
         raise ValueError(f"{episodes} episodes need {episodes} paths, got {len(paths)}")
-    spec, act = agent.obs_spec, agent.act_spec
+    spec = agent.obs_spec
     use_images = bool(spec.images)
     k = max(1, int(downsample))
-    env = make_env(env_id, max_episode_steps, render_mode=None if use_images else "rgb_array",
-                   **(env_kwargs or {}))
+    make = env_fn(env_id, max_episode_steps, render_mode=None if use_images else "rgb_array",
+                  **(env_kwargs or {}))
 
-    def frame(arrays):
-        return _obs_frame(arrays, spec) if use_images else to_rgb(env.render()[::k, ::k])
+    def collector(s: int) -> Collector:
+        return Collector([make], spec, agent.act_spec, seed=s)
 
-    out = []
+    def frame() -> np.ndarray:
+        if use_images:
+            return _obs_frame(col.obs, spec)
+        return to_rgb(col.envs.envs[0].render()[::k, ::k])
+
+    out, col = [], collector(seed)
     try:
         for i in range(episodes):
             writer = VideoWriter(paths[i], fps) if paths is not None else None
-            obs, _ = env.reset(seed=seed + i)
-            state, ret, length, frames = None, 0.0, 0, []
+            frames: list[np.ndarray] = []
             keep = writer.append if writer is not None else frames.append
             try:
-                while True:
-                    arrays = _batched(obs, spec)
-                    keep(frame(arrays))
-                    tensors = {k: torch.as_tensor(v, device=agent.device)
-                               for k, v in arrays.items()}
-                    action, state = agent.policy(tensors, state, explore=explore)
-                    env_action = act.item(act.to_env(action.cpu().numpy()), 0)
-                    obs, reward, term, trunc, _ = env.step(env_action)
-                    ret += float(reward)
+                if i and not col.is_last[0]:  # the last episode was cut: a fresh env
+                    col.close()
+                    col = collector(seed + i)
+                elif i:  # act on the last observation (as evaluate does); the env resets
+                    col.step(agent, explore=explore)
+                keep(frame())
+                length = 0
+                while not col.is_last[0] and length < max_steps:
+                    col.step(agent, explore=explore)
                     length += 1
-                    if term or trunc or length >= max_steps:
-                        keep(frame(_batched(obs, spec)))
-                        break
+                    keep(frame())
             finally:
                 if writer is not None:
                     writer.close()
-            out.append(Recording(np.stack(frames) if frames else None, ret, length,
+            out.append(Recording(np.stack(frames) if writer is None else None,
+                                 float(col.ep_return[0]), length,
                                  Path(paths[i]) if paths is not None else None))
     finally:
-        env.close()
+        col.close()
     return out
 
 

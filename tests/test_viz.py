@@ -169,6 +169,21 @@ def test_recorded_episodes_render_the_env(trainer):
     np.testing.assert_array_equal(again.frames, recs[0].frames)
 
 
+def test_recorded_episodes_are_the_episodes_evaluate_runs(trainer):
+    """`lucid eval --seed S --video` shows (and prints) the episodes `lucid eval --seed S`
+    prints: the same env seeding and the same policy calls, episode after episode."""
+    torch.manual_seed(5)
+    want = [(e.ret, e.length) for e in trainer.evaluate(4, seed=3)]
+    torch.manual_seed(5)
+    got = [(r.ret, r.length) for r in video.record_episodes(trainer.agent, "CartPole-v1", 4,
+                                                               seed=3)]
+    assert got == want and len(set(want)) > 1  # distinct episodes, not one repeated
+    # an episode cut at max_steps is partial, and the next one starts afresh
+    torch.manual_seed(5)
+    cut = video.record_episodes(trainer.agent, "CartPole-v1", 2, seed=3, max_steps=5)
+    assert [(r.ret, r.length, len(r.frames)) for r in cut] == [(5.0, 5, 6)] * 2
+
+
 def test_recorded_episodes_of_image_env_are_the_observations():
     agent = _image_agent()
     (rec,) = video.record_episodes(agent, f"{__name__}:DotEnv", 1, seed=0)
