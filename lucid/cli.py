@@ -290,8 +290,9 @@ def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str,
                                explore=sampled, paths=paths,
                                seed=cfg.run.seed + 10_000 if seed is None else seed,
                                max_steps=EVAL_MAX_STEPS)
-    except TypeError as exc:  # an env without render_mode
-        _fail(exc)
+    except (TypeError, NotImplementedError) as exc:  # an env without render_mode or pictures
+        _fail(f"this env cannot be drawn for a video ({type(exc).__name__}: {exc}); "
+              f"lucid eval without --video gives the returns")
     if any(r.length >= EVAL_MAX_STEPS for r in recs):
         typer.echo(f"warning: an episode did not end within {EVAL_MAX_STEPS:,} steps and was "
                    f"cut there (its return is partial); give env.max_episode_steps", err=True)

@@ -29,6 +29,7 @@ import torch
 
 from .nets import onehot_mode, onehot_sample, symexp
 from .plot import pyplot, save_figure
+from .warn import warn
 
 CONTEXT_COLOUR = (40, 170, 60)  # bar under a row while the model still sees observations
 DREAM_COLOUR = (200, 50, 50)  # bar under a row while it dreams
@@ -310,8 +311,8 @@ def record_episodes(agent, env_id: str, episodes: int = 1, max_episode_steps: in
                     col.step(agent, explore=explore)
                     length += 1
                     keep(frame())
-            finally:
-                if writer is not None:
+            finally:  # an error still leaves the frames written so far playable
+                if writer is not None and writer.count:
                     writer.close()
             out.append(Recording(np.stack(frames) if writer is None else None,
                                  float(col.ep_return[0]), length,
@@ -527,12 +528,17 @@ def _log_videos(trainer, writer, step, horizon, context, fps, rows) -> dict[str,
     cfg = trainer.cfg
     out_dir = Path(trainer.run_dir) / "videos"
     paths: dict[str, Path] = {}
-    rec = record_episodes(trainer.agent, cfg.env.id, 1, cfg.env.max_episode_steps,
-                          env_kwargs=dict(cfg.env.kwargs),
-                          seed=cfg.run.seed + 20_000 + step, max_steps=1000, downsample=2)[0]
-    paths["eval"] = write_video(out_dir / f"eval-{step:09d}.mp4", rec.frames, fps=30)
-    if writer is not None:
-        log_video(writer, "eval/video", rec.frames, step, fps=fps)
+    try:
+        rec = record_episodes(trainer.agent, cfg.env.id, 1, cfg.env.max_episode_steps,
+                              env_kwargs=dict(cfg.env.kwargs), seed=cfg.run.seed + 20_000 + step,
+                              max_steps=1000, downsample=2)[0]
+    except Exception as exc:  # noqa: BLE001 - e.g. an env that draws nothing: the dream comes
+        warn(f"no evaluation video at {step} env steps ({type(exc).__name__}: {exc}); "
+             f"the dream is still made")
+    else:
+        paths["eval"] = write_video(out_dir / f"eval-{step:09d}.mp4", rec.frames, fps=30)
+        if writer is not None:
+            log_video(writer, "eval/video", rec.frames, step, fps=fps)
     stored = trainer.replay.stored
     if stored >= context + 1:
         horizon = min(horizon, stored - context)

@@ -381,6 +381,22 @@ def test_dmc_vision_renders_64x64_pixels_headless_like_the_raw_renderer():
     env.close()
 
 
+def test_dmc_proprio_renders_the_camera_for_videos():
+    """`dmc:` observations are vectors; render() draws the scene (the videos' frames) as the
+    raw suite's camera shows it, and the vector observations are unchanged by it."""
+    from dm_control import suite
+    env = make_env("dmc:cartpole-swingup", render_mode="rgb_array")
+    raw = suite.load("cartpole", "swingup", task_kwargs={"random": 4})
+    obs, _ = env.reset(seed=4)
+    raw.reset()
+    frame = env.render()
+    assert frame.dtype == np.uint8 and frame.shape == (240, 320, 3) and frame.std() > 1
+    want = raw.physics.render(240, 320, camera_id=0)
+    assert np.abs(frame.astype(int) - want.astype(int)).mean() < 1.0
+    assert np.array_equal(env.render(), frame) and env.observation_space.contains(obs)
+    env.close()
+
+
 # --------------------------------------------------------------------------- Crafter
 
 def test_crafter_matches_the_raw_env_with_achievements_and_time_limit():

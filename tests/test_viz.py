@@ -515,6 +515,42 @@ def test_report_orders_videos_by_step_and_embeds_those_of_a_few_steps(runs, tmp_
         [f"{k}-{s:09d}.png" for s in (2, 4, 7) for k in ("eval", "dream")]
 
 
+class Blind(gym.Env):
+    """Vector observations and no picture: render() is gymnasium's NotImplementedError."""
+    observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, render_mode=None):
+        self.render_mode, self.t = render_mode, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(3, 0.1 * self.t, np.float32), float(action), self.t == 6, False, {}
+
+
+def test_an_env_without_pictures_still_gets_its_dream_and_a_clear_eval_video_error(tmp_path):
+    cfg = make_config("cpu-control", [
+        f"env.id={__name__}:Blind", "model.size=nano", "train.prefill=32", "run.steps=48",
+        "train.batch_size=2", "train.batch_length=8", "train.train_ratio=8", "train.horizon=3",
+        "run.progress=false", "run.log_every=0", f"run.run_dir={tmp_path / 'run'}"])
+    tr = Trainer(cfg)
+    try:
+        tr.run()
+        with pytest.warns(UserWarning, match="no evaluation video.*NotImplementedError"):
+            paths = video.log_videos(tr, None, tr.counters["env_steps"])
+    finally:
+        tr.close()
+    assert set(paths) == {"dream"} and paths["dream"].suffix == ".png"  # a plot: no pictures
+    r = cli.invoke(app, ["eval", str(tmp_path / "run"), "--episodes", "1", "--video"])
+    assert r.exit_code == 2 and "cannot be drawn for a video" in r.output, r.output
+    assert "Traceback" not in r.output and not list((tmp_path / "run" / "videos").glob("*.mp4"))
+
+
 # --------------------------------------------------------------------------- CLI
 
 

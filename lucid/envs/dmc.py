@@ -5,7 +5,8 @@ flattened into one vector in the suite's key order; `obs="dict"` keeps one Box p
 `dmc-vision:walker-walk`: 64x64x3 uint8 camera images (camera 0; camera 2 for quadruped, as
 the authors' code does). Both repeat each action 2 times (summing rewards) and end episodes
 after 1000 physics control steps = 500 agent steps, reported as a truncation; a task that
-ends with discount 0 is reported as a termination.
+ends with discount 0 is reported as a termination. `render()` of a proprio task (videos)
+draws the same camera at 240x320.
 
 Pixels render headless: MUJOCO_GL defaults to `egl` here (set before mujoco is imported;
 an existing value, e.g. `osmesa`, is kept). `fast_render=True` shrinks the 4096^2 shadow
@@ -51,7 +52,8 @@ class DMEnv(gym.Env):
     """A dm_env.Environment as a gymnasium env, with action repeat.
 
     `factory(seed)` builds the dm_env; `pixels(env)` (optional) returns the image observation
-    after each agent step (rendered once per agent step, not once per repeated action).
+    after each agent step (rendered once per agent step, not once per repeated action);
+    `frame(env)` (optional) draws `render()`'s picture where the observations are not images.
     A LAST time step with discount 0 is a termination, any other LAST a truncation.
     """
 
@@ -60,11 +62,12 @@ class DMEnv(gym.Env):
     def __init__(self, factory: Callable[[int | None], Any], repeat: int = 1,
                  obs: str = "flat", pixels: Callable[[Any], np.ndarray] | None = None,
                  pixel_shape: tuple[int, int, int] | None = None, reseed=None,
-                 render_mode: str | None = None):
+                 render_mode: str | None = None,
+                 frame: Callable[[Any], np.ndarray] | None = None):
         if obs not in ("flat", "dict"):
             raise ValueError(f"obs must be 'flat' or 'dict', got {obs!r}")
         self._factory, self._repeat, self._mode = factory, int(repeat), obs
-        self._pixels, self._reseed = pixels, reseed
+        self._pixels, self._reseed, self._frame = pixels, reseed, frame
         self.render_mode = render_mode
         self._env = factory(None)
         self._needs_reset = True
@@ -131,9 +134,10 @@ class DMEnv(gym.Env):
         return self._obs(ts), total, terminated, truncated, {"discount": discount}
 
     def render(self):
-        if self._pixels is not None:
-            return self._pixels(self._env)
-        raise NotImplementedError("this env renders no pixels; use dmc-vision:")
+        draw = self._pixels or self._frame
+        if draw is None:
+            raise NotImplementedError("this dm_env draws no pictures")
+        return draw(self._env)
 
     def close(self):
         env = getattr(self, "_env", None)
@@ -183,9 +187,12 @@ def make_dmc(task: str, vision: bool = False, render_mode: str | None = None, **
     def reseed(env, seed):
         env.task.random.seed(seed)
 
-    pixels = None
-    if vision:
-        def pixels(env):
-            return env.physics.render(size, size, camera_id=camera)
-    return DMEnv(factory, opts["repeat"], "flat" if vision else opts["obs"], pixels,
-                 (size, size, 3) if vision else None, reseed, render_mode)
+    def pixels(env):
+        return env.physics.render(size, size, camera_id=camera)
+
+    def frame(env):  # render() of proprio tasks (videos): dm_control's default 240x320
+        return env.physics.render(240, 320, camera_id=camera)
+
+    return DMEnv(factory, opts["repeat"], "flat" if vision else opts["obs"],
+                 pixels if vision else None, (size, size, 3) if vision else None, reseed,
+                 render_mode, None if vision else frame)
