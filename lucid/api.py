@@ -130,8 +130,8 @@ class Dreamer:
     def learn(self, total_env_steps: int, callback=None) -> "Dreamer":
         """Train for `total_env_steps` more env steps. `callback(info)` is called after every
         finished training episode with a dict of the counters, `return`, `length` and
-        `info` (the env's info of the episode's last step, e.g. a success flag; empty with
-        Ray runners);
+        `info` (the env's info of the episode's last step, e.g. a success flag, also from Ray
+        runners);
         returning a false value (False, 0, np.False_; not None) stops learning (with a
         checkpoint). Ctrl-C or SIGTERM stops it with a checkpoint too, then reaches the
         program as it would have (KeyboardInterrupt for Ctrl-C). After close(), learn()
