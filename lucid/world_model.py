@@ -109,6 +109,24 @@ class Decoder(nn.Module):
 class WorldModel(nn.Module):
     skip_resets = True  # observe(): skip resets where no row starts (reads flags to the host)
 
+    # Where a subclass changes the RSSM's distributions: every prior (the KL, the initial
+    # state, imagination, dreams) comes from `prior_logits`, every posterior from
+    # `post_logp_split`. The derived methods below are not on every path, so an override of
+    # them would change some paths and silently not others: refused.
+    _DERIVED = {"prior_logp": "prior_logits(h) (raw logits (..., G, K); unimix is applied "
+                              "after it), which every prior goes through",
+                "post_logp": "post_logp_split(h, e_part, w_h) (e_part = W_e·embed, the "
+                             "posterior's first layer split for speed), which every "
+                             "posterior goes through, or replace post_out"}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name, instead in WorldModel._DERIVED.items():
+            if name in cls.__dict__:
+                raise TypeError(f"{cls.__name__} overrides WorldModel.{name}, which not every "
+                                f"path calls (imagination and filtering take faster routes); "
+                                f"override {instead}")
+
     def __init__(self, spec: ObsSpec, action_dim: int, mcfg: ModelConfig,
                  box_from: int | None = None):
         """`box_from`: where the action's Box (continuous) dimensions begin, after its one-hots;

@@ -116,6 +116,40 @@ def test_a_world_model_subclass_adds_a_loss_term_that_trains_and_is_logged(tmp_p
     assert logged and all(v > 0 for v in logged)
 
 
+def test_a_prior_changed_in_prior_logits_reaches_every_path_and_derived_overrides_are_refused():
+    from lucid.world_model import WorldModel
+
+    class ClassZero(WorldModel):  # a prior sure of class 0 in every group
+        def prior_logits(self, h):
+            x = super().prior_logits(h)
+            return torch.zeros_like(x).index_fill(-1, torch.tensor([0]), 30.0) + 0 * x
+
+    class Built(Agent):
+        def build_world_model(self):
+            return ClassZero(self.obs_spec, self.act_spec.dim, self.config.model)
+
+    torch.manual_seed(0)
+    agent = Built(*_spaces(), _cfg("unused"))
+    wm, batch = agent.wm, _batch(agent)
+    h, z, post, prior, _ = wm.observe(wm.encoder(batch["obs"]), batch["action"],
+                                      batch["is_first"])
+    assert (prior.argmax(-1) == 0).all()  # the KL's prior
+    assert (wm.initial(3).z.argmax(-1) == 0).all()  # the initial state's mode
+    start_h, start_z = h.flatten(0, 1).detach(), z.flatten(0, 1).detach()
+    for gather in (False, True):  # dreams (REINFORCE), dense and with class indices
+        feats, _ = wm.dream(agent.actor, start_h, start_z, 4, gather=gather)
+        zs = feats.idx if gather else feats[..., wm.D:].unflatten(-1, (wm.G, wm.K))
+        zs = zs if not zs.is_floating_point() else zs.argmax(-1)
+        assert (zs[1:] == 0).float().mean() > 0.97  # all but the 1% unimix share
+    feats, _ = wm.imagine(lambda f: agent.actor.sample(agent.actor.params(f)), start_h,
+                          start_z, 4)
+    zs = feats[..., wm.D:].unflatten(-1, (wm.G, wm.K)).argmax(-1)
+    assert (zs[1:] == 0).float().mean() > 0.97
+    for name, instead in (("prior_logp", "prior_logits"), ("post_logp", "post_logp_split")):
+        with pytest.raises(TypeError, match=rf"overrides WorldModel\.{name}.*override {instead}"):
+            type("Mine", (WorldModel,), {name: lambda self, *a: None})
+
+
 def test_a_network_swapped_in_after_the_optimisers_were_made_is_refused():
     agent = Agent(*_spaces(), _cfg("unused"))
     agent.actor.head = torch.nn.Linear(agent.wm.feat_dim, 2)  # the optimiser holds the old one
