@@ -159,7 +159,9 @@ class Agent:
         (`dynamic=False`; one compile per shape and grad mode): `observe` runs its T steps
         as chunks of `COMPILE_CHUNK` steps through one compiled `filter` each (forward and
         backward, with the reset arithmetic at every step: no host-side branch inside a
-        graph), and imagination runs as one compiled `rollout` of all H steps; the batched
+        graph), and imagination without gradients (`dream`: discrete actions, REINFORCE) runs
+        as one compiled `rollout` of all H steps (Box actions through the dynamics imagine
+        eagerly, over the compiled networks); the batched
         prior, the two-hot means, the encoder, decoder, reward and continue heads, and the
         actor and critic networks are compiled as well. The random numbers are drawn in
         eager code and passed in, so compiled and eager updates draw the same samples.
@@ -201,10 +203,6 @@ class Agent:
 
     # ------------------------------------------------------------------ acting
 
-    def initial_state(self, batch: int) -> State:
-        with torch.no_grad():
-            return self.wm.initial(batch)
-
     @torch.no_grad()
     def policy(self, obs: dict[str, torch.Tensor], state: State | None = None,
                explore: bool = True, is_first: torch.Tensor | None = None
@@ -219,7 +217,7 @@ class Agent:
         elif is_first is None:
             is_first = torch.zeros(n, dtype=torch.bool, device=self.device)
         embed = self.wm.encoder(obs)
-        state, _, _ = self.wm.obs_step(state, embed, is_first.to(self.device))
+        state, _ = self.wm.obs_step(state, embed, is_first.to(self.device))
         action = self.actor(self.wm.feat(state.h, state.z), explore=explore)
         return action, State(state.h, state.z, action)
 

@@ -137,9 +137,9 @@ class TrainConfig:
     continuous_grad: str = "dynamics"
     actor_baseline_grad: bool = False
     # torch.compile the update's loops and nets (observe in chunks of 8 steps, the whole
-    # imagination rollout, heads, encoder, decoder, actor and critic); same maths, compiled
-    # once per shape (~2.5-5 minutes on a 2-core CPU, less with train.cpp_wrapper=false; pays at
-    # nano-XXS, docs/performance.md).
+    # REINFORCE imagination rollout, heads, encoder, decoder, actor and critic); same maths,
+    # compiled once per shape (~2.5-5 minutes on a 2-core CPU, less with
+    # train.cpp_wrapper=false; pays at nano-XXS, docs/performance.md).
     compile: bool = False
     # train.compile on a CPU: the compiled graphs' wrapper code in C++ instead of Python, so
     # each of their kernel calls costs less host time (mini: 1.09x per update); the first

@@ -572,7 +572,7 @@ def _init_conv(conv: nn.Module, zero_bias: bool = True):
 class ImageEncoder(nn.Module):
     """Four stride-2 4x4 convolutions (channels 1,2,4,8 x multiplier), LayerNorm + SiLU.
 
-    Input: uint8 or float images (N, C, H, W) in [0, 255]; H and W divisible by 16.
+    Input: float images (N, C, H, W) in [-0.5, 0.5] (`image_input`); H and W divisible by 16.
     Output: the flattened (N, 8·mult·H/16·W/16) feature map.
     """
 

@@ -185,13 +185,12 @@ class Collector:
 
 
 def evaluate(agent, env_fn: Callable[[], gym.Env], obs_spec: ObsSpec, act_spec: ActionSpec,
-             episodes: int, explore: bool = False, seed: int = 10_000,
-             num_envs: int = 1) -> list[Episode]:
+             episodes: int, explore: bool = False, seed: int = 10_000) -> list[Episode]:
     """Run `episodes` full episodes with the agent's greedy (or sampled) policy. An env whose
     episodes do not end within EVAL_MAX_STEPS steps each is stopped with a warning (it has
     no time limit): the episodes finished by then are returned, then the running ones with
     their returns so far."""
-    col = Collector([env_fn] * num_envs, obs_spec, act_spec, seed=seed)
+    col = Collector([env_fn], obs_spec, act_spec, seed=seed)  # one env: no bias to short ones
     done: list[Episode] = []
     steps = 0
     try:

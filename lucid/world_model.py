@@ -18,8 +18,8 @@ from torch import nn
 from .config import ModelConfig, TrainConfig
 from .envs.spaces import ObsSpec
 from .nets import (MLP, Head, ImageDecoder, ImageEncoder, NormGRUCell, OneHotCat, TwoHot,
-                   categorical_kl, fp32, linear, one_hot, onehot_mode, onehot_sample, symlog,
-                   unimix_index, unimix_logits)
+                   categorical_entropy, categorical_kl, fp32, linear, one_hot, onehot_mode,
+                   onehot_sample, symlog, unimix_index, unimix_logits)
 
 
 @dataclass
@@ -29,9 +29,6 @@ class State:
     h: torch.Tensor
     z: torch.Tensor
     action: torch.Tensor
-
-    def detach(self) -> "State":
-        return State(self.h.detach(), self.z.detach(), self.action.detach())
 
 
 def image_input(img: torch.Tensor) -> torch.Tensor:
@@ -230,9 +227,8 @@ class WorldModel(nn.Module):
         )
 
     def obs_step(self, state: State, embed: torch.Tensor, is_first: torch.Tensor | None,
-                 sample: bool = True, init: State | None = None,
-                 w_h: torch.Tensor | None = None, u: torch.Tensor | None = None
-                 ) -> tuple[State, torch.Tensor, torch.Tensor]:
+                 init: State | None = None, w_h: torch.Tensor | None = None,
+                 u: torch.Tensor | None = None) -> tuple[State, torch.Tensor]:
         """One filtering step: reset, h = f(h, z, a), z ~ q(z | h, embed). Returns the new state
         (its action slot still holds the previous action), and the posterior log-probs.
         `is_first=None` means no row starts an episode (the reset is skipped). With `w_h`,
@@ -244,8 +240,7 @@ class WorldModel(nn.Module):
         if w_h is None:
             embed, w_h = self.post_split(embed)
         logp = self.post_logp_split(h, embed, w_h)
-        z = onehot_sample(logp, u=u) if sample else onehot_mode(logp)
-        return State(h, z, state.action), logp, h
+        return State(h, onehot_sample(logp, u=u), state.action), logp
 
     # ------------------------------------------------------------------ sequences
 
@@ -303,11 +298,11 @@ class WorldModel(nn.Module):
         hs, zs, post = [], [], []
         for t, (e, a) in enumerate(zip(e_part.unbind(1), action.unbind(1))):
             first = is_first[:, t] if resets is None or resets[t] else None
-            state, logp, h = self.obs_step(state, e, first, init=init, w_h=w_h, u=noise[t])
-            hs.append(h)
+            state, logp = self.obs_step(state, e, first, init=init, w_h=w_h, u=noise[t])
+            hs.append(state.h)
             zs.append(state.z)
             post.append(logp)
-            state = State(h, state.z, a)
+            state = State(state.h, state.z, a)
         return state, (torch.stack(hs, 1), torch.stack(zs, 1), torch.stack(post, 1))
 
     def latent_noise(self, *shape: int, device=None) -> torch.Tensor:
@@ -403,8 +398,8 @@ class WorldModel(nn.Module):
             "world_model/dyn": l_dyn.mean(),
             "world_model/rep": l_rep.mean(),
             "world_model/kl": kl_dyn.mean(),
-            "world_model/post_entropy": -(post.exp() * post).sum(-1).sum(-1).mean(),
-            "world_model/prior_entropy": -(prior.exp() * prior).sum(-1).sum(-1).mean(),
+            "world_model/post_entropy": categorical_entropy(post).sum(-1).mean(),
+            "world_model/prior_entropy": categorical_entropy(prior).sum(-1).mean(),
         }
         out = {"h": h, "z": z, "feat": feat, "recon": recon, "last": last, "embed": embed}
         return total, metrics, out
