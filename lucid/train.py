@@ -17,6 +17,7 @@ import shutil
 import signal
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gymnasium as gym
@@ -262,6 +263,25 @@ def _fits(env_id: str, spec: ObsSpec, space, obs, what: str) -> None:
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise ValueError(f"{env_id}'s {what} does not fit its observation_space {space}: "
                          f"{exc}") from None
+
+
+@dataclass
+class _Session:
+    """The loop state of one `Trainer.run` call: its logger, clocks, schedules and the
+    metrics summed since the last row."""
+    logger: Logger | _QuietLogger
+    start: float  # wall-clock origin: wall_time goes on across resumes
+    last_log: float
+    last_ckpt: float
+    last_ckpt_steps: int
+    log_steps: int  # env steps and updates at the last metric row
+    log_updates: int
+    next_eval: int | None  # env steps of the next evaluation and videos (None: never)
+    next_video: int | None
+    endless_noted: bool  # said (or no need to say) that no episode has ended
+    bad_in_row: int = 0  # updates in a row with non-finite losses or gradients
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    n_sums: int = 0
 
 
 class Trainer:
@@ -536,137 +556,23 @@ class Trainer:
         SIGTERM, or `callback(info)` returning False (or 0, np.False_; not None) after an
         episode), then checkpoint. `end_videos`: then also an evaluation episode's and a
         dream's video (videos/, TensorBoard, W&B), unless a signal stopped the run."""
-        cfg, t, c = self.cfg, self.cfg.train, self.counters
         if self.collector is None:
             raise RuntimeError("this Trainer was loaded with learn=False (to evaluate); "
                                "load it with learn=True to train")
-        if c["env_steps"] < cfg.run.steps <= t.prefill and self.rank == 0:
-            print(f"note: run.steps={cfg.run.steps} ends within the {t.prefill} random-action "
-                  f"steps of train.prefill, so no update will be made; raise --steps or lower "
-                  f"train.prefill")
-        a = self.act_spec
-        if (c["env_steps"] == 0 and self.rank == 0 and not a.is_discrete and not a.is_continuous
-                and t.continuous_grad == "dynamics"):
-            print("note: the action space has discrete and Box actions, so the actor learns "
-                  "all of them by REINFORCE, as the authors' current code does "
-                  "(train.continuous_grad=dynamics applies to Box-only spaces)")
-        self._stop, self.signalled = False, None
-        logger = Logger(self.run_dir, progress=cfg.run.progress, total_steps=cfg.run.steps,
-                        start_steps=c["env_steps"], config=cfg,
-                        purge_after=self._purge_logs_after) \
-            if self.rank == 0 else _QuietLogger()
-        if self._purge_logs_after is not None:
-            from .video import set_aside_videos_after
-            if moved := set_aside_videos_after(self.run_dir, self._purge_logs_after):
-                print(f"note: {len(moved)} videos of steps past the checkpoint moved to "
-                      f"{moved[0].parent}")
-        self._purge_logs_after = None
+        self._notes()
+        s = self._open_session()
         # Ctrl-C and SIGTERM stop with a checkpoint; Python lets only the main thread handle
         # signals (learn() on another thread: a GUI, Ray Tune), so elsewhere they do not
         main = threading.current_thread() is threading.main_thread()
-        old_handlers = {s: signal.signal(s, self._handle_signal)
-                        for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
-        start = time.time() - c["wall_time"]
-        self._session_start = time.time()  # run.time_limit counts from here
-        self.stop_reason = None
-        last_log = last_ckpt = time.time()
-        last_ckpt_steps = c["env_steps"]
-        bad_in_row = 0
-        endless_noted = c["episodes"] > 0
-        log_steps, log_updates = c["env_steps"], c["updates"]
-        # Batches for the updates: sampled on a background thread with train.prefetch.
-        self._batches = Prefetcher(self.replay, t.batch_size, t.batch_length, self.device,
-                                   background=t.prefetch)
-        sums: dict[str, torch.Tensor] = {}
-        n_sums = 0
-        next_eval = (c["env_steps"] // cfg.run.eval_every + 1) * cfg.run.eval_every \
-            if cfg.run.eval_every else None
-        next_video = (c["env_steps"] // cfg.run.video_every + 1) * cfg.run.video_every \
-            if cfg.run.video_every else None
+        old_handlers = {sig: signal.signal(sig, self._handle_signal)
+                        for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
         try:
-            while c["env_steps"] < cfg.run.steps and not self._stopping():
-                policy = None if c["env_steps"] < t.prefill else self.agent
-                try:
-                    n, finished = self._collect(policy)
-                except (ValueError, KeyError, EnvError) as exc:  # NaN, wrong shape, crashing
-                    self.save()  # the bad step never reached the replay
-                    raise EnvError(
-                        f"{exc} (at {c['env_steps']} env steps); stopped with a checkpoint in "
-                        f"{self.run_dir}: fix the environment, then continue with "
-                        f"{self.resume_hint()}") from exc
-                c["env_steps"] += n
-                if not endless_noted and c["env_steps"] >= NO_EPISODE_NOTE:
-                    endless_noted = True
-                    if not (c["episodes"] or finished) and self.rank == 0:
-                        print(f"note: no episode has ended in {c['env_steps']:,} env steps; "
-                              f"if this env has no time limit, give it one "
-                              f"(env.max_episode_steps=N): returns, episodes.jsonl and "
-                              f"evaluations come from finished episodes")
-                for ep in finished:
-                    c["episodes"] += 1
-                    self.achievements.update(ep.info)  # Crafter's final counts, else nothing
-                    self.recent = (self.recent + [ep.ret])[-10:]
-                    logger.episode({"env_steps": c["env_steps"], "return": ep.ret,
-                                    "length": ep.length, "wall_time": time.time() - start,
-                                    "eval": False})
-                    if callback is not None:  # None goes on, any other falsy value stops
-                        go_on = callback({**c, "return": ep.ret, "length": ep.length,
-                                          "info": ep.info})
-                        if go_on is not None and not go_on:
-                            self._stop, self.stop_reason = True, "the callback returned False"
-                while c["updates"] < self.updates_due() and self._can_sample():
-                    batch = self._batches.get()  # timed: perf/batch_wait_ms
-                    metrics = self.agent.train_step(batch)
-                    if metrics["train/nonfinite_steps"] > 0:  # the one value read per update
-                        c["nonfinite_updates"] += 1
-                        bad_in_row += 1
-                        if bad_in_row >= t.max_nonfinite:
-                            self.save()  # skipped steps changed nothing: the last good state
-                            raise NonFiniteError(
-                                f"{bad_in_row} updates in a row had non-finite losses or "
-                                f"gradients (at {c['env_steps']} env steps); stopped with a "
-                                f"checkpoint of the last good state in {self.run_dir}. Check "
-                                f"the environment's observations and rewards, or lower the "
-                                f"learning rates")
-                    else:
-                        bad_in_row = 0
-                    for k, v in metrics.items():
-                        sums[k] = sums[k] + v.detach() if k in sums else v.detach()
-                    n_sums += 1
-                    c["updates"] += 1
-                    every_check = cfg.run.dist_check_every
-                    if self.dist is not None and every_check and c["updates"] % every_check == 0:
-                        self.dist.check_identical(self.agent)
-                now = time.time()
-                c["wall_time"] = now - start
-                if now - last_log >= cfg.run.log_every:
-                    row = self._row(sums, n_sums, now - last_log, log_steps, log_updates)
-                    logger.metrics(row)
-                    sums, n_sums = {}, 0
-                    last_log, log_steps, log_updates = now, c["env_steps"], c["updates"]
-                if next_eval is not None and c["env_steps"] >= next_eval and self.rank == 0:
-                    self._evaluate(logger, start)
-                    next_eval += cfg.run.eval_every
-                if next_video is not None and c["env_steps"] >= next_video and self.rank == 0:
-                    self._videos(logger)
-                    next_video += cfg.run.video_every
-                c["env_restarts"] = self.collector.restarts + self._restarts_before
-                every = cfg.run.checkpoint_every
-                if (now - last_ckpt >= cfg.run.checkpoint_minutes * 60
-                        or (every and c["env_steps"] - last_ckpt_steps >= every)):
-                    self.save()
-                    last_ckpt, last_ckpt_steps = now, c["env_steps"]
-            c["wall_time"] = time.time() - start
-            if n_sums:
-                logger.metrics(self._row(sums, n_sums, time.time() - last_log, log_steps,
-                                         log_updates))
-            if self.dist is not None:
-                self.dist.check_identical(self.agent)
-            self.save()
-            if end_videos and not self._stop and self.rank == 0 \
-                    and self.videos_logged_at != c["env_steps"]:
-                print("writing the end-of-run videos ...", flush=True)
-                self._videos(logger)  # while the run's loggers are open (one W&B session)
+            while self.counters["env_steps"] < self.cfg.run.steps and not self._stopping():
+                finished = self._collect_once()  # act in the envs; their steps to the replay
+                self._episodes_ended(s, finished, callback)
+                self._train_due(s)  # the updates the train ratio asks for by now
+                self._on_schedule(s)  # log, evaluate, videos, checkpoint, as they fall due
+            self._close_session(s, end_videos)
         except (EnvError, NonFiniteError):
             raise  # saved already
         except OSError as exc:
@@ -679,10 +585,166 @@ class Trainer:
             raise
         finally:
             self._batches.close()
-            for s, h in old_handlers.items():
-                signal.signal(s, h)
-            logger.close()
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+            s.logger.close()
         return self.run_dir
+
+    # The steps of run(), in its order.
+
+    def _notes(self) -> None:
+        """What the user should know before a run starts (rank 0 says it)."""
+        cfg, t, c, a = self.cfg, self.cfg.train, self.counters, self.act_spec
+        if self.rank != 0:
+            return
+        if c["env_steps"] < cfg.run.steps <= t.prefill:
+            print(f"note: run.steps={cfg.run.steps} ends within the {t.prefill} random-action "
+                  f"steps of train.prefill, so no update will be made; raise --steps or lower "
+                  f"train.prefill")
+        if (c["env_steps"] == 0 and not a.is_discrete and not a.is_continuous
+                and t.continuous_grad == "dynamics"):
+            print("note: the action space has discrete and Box actions, so the actor learns "
+                  "all of them by REINFORCE, as the authors' current code does "
+                  "(train.continuous_grad=dynamics applies to Box-only spaces)")
+
+    def _open_session(self) -> "_Session":
+        """The logger, the clocks and the batch source of one run() call."""
+        cfg, c = self.cfg, self.counters
+        self._stop, self.signalled, self.stop_reason = False, None, None
+        logger = Logger(self.run_dir, progress=cfg.run.progress, total_steps=cfg.run.steps,
+                        start_steps=c["env_steps"], config=cfg,
+                        purge_after=self._purge_logs_after) \
+            if self.rank == 0 else _QuietLogger()
+        if self._purge_logs_after is not None:
+            from .video import set_aside_videos_after
+            if moved := set_aside_videos_after(self.run_dir, self._purge_logs_after):
+                print(f"note: {len(moved)} videos of steps past the checkpoint moved to "
+                      f"{moved[0].parent}")
+        self._purge_logs_after = None
+        # Batches for the updates: sampled on a background thread with train.prefetch.
+        self._batches = Prefetcher(self.replay, cfg.train.batch_size, cfg.train.batch_length,
+                                   self.device, background=cfg.train.prefetch)
+        now = time.time()
+        self._session_start = now  # run.time_limit counts from here
+
+        def next_multiple(every: int) -> int | None:
+            return (c["env_steps"] // every + 1) * every if every else None
+
+        return _Session(logger=logger, start=now - c["wall_time"], last_log=now,
+                        last_ckpt=now, last_ckpt_steps=c["env_steps"],
+                        log_steps=c["env_steps"], log_updates=c["updates"],
+                        next_eval=next_multiple(cfg.run.eval_every),
+                        next_video=next_multiple(cfg.run.video_every),
+                        endless_noted=c["episodes"] > 0)
+
+    def _collect_once(self) -> list:
+        """One collection step (random actions during prefill); a bad env step stops the run
+        with a checkpoint (the step never reached the replay). Returns finished episodes."""
+        c = self.counters
+        policy = None if c["env_steps"] < self.cfg.train.prefill else self.agent
+        try:
+            n, finished = self._collect(policy)
+        except (ValueError, KeyError, EnvError) as exc:  # NaN, wrong shape, crashing
+            self.save()
+            raise EnvError(
+                f"{exc} (at {c['env_steps']} env steps); stopped with a checkpoint in "
+                f"{self.run_dir}: fix the environment, then continue with "
+                f"{self.resume_hint()}") from exc
+        c["env_steps"] += n
+        return finished
+
+    def _episodes_ended(self, s: "_Session", finished: list, callback) -> None:
+        """Log the finished episodes and ask the callback whether to go on."""
+        c = self.counters
+        if not s.endless_noted and c["env_steps"] >= NO_EPISODE_NOTE:
+            s.endless_noted = True
+            if not (c["episodes"] or finished) and self.rank == 0:
+                print(f"note: no episode has ended in {c['env_steps']:,} env steps; "
+                      f"if this env has no time limit, give it one "
+                      f"(env.max_episode_steps=N): returns, episodes.jsonl and "
+                      f"evaluations come from finished episodes")
+        for ep in finished:
+            c["episodes"] += 1
+            self.achievements.update(ep.info)  # Crafter's final counts, else nothing
+            self.recent = (self.recent + [ep.ret])[-10:]
+            s.logger.episode({"env_steps": c["env_steps"], "return": ep.ret,
+                              "length": ep.length, "wall_time": time.time() - s.start,
+                              "eval": False})
+            if callback is not None:  # None goes on, any other falsy value stops
+                go_on = callback({**c, "return": ep.ret, "length": ep.length, "info": ep.info})
+                if go_on is not None and not go_on:
+                    self._stop, self.stop_reason = True, "the callback returned False"
+
+    def _train_due(self, s: "_Session") -> None:
+        """Update until the updates reach what the train ratio allows for the env steps so
+        far. Metrics stay on the device (summed until the next log row); the count of
+        non-finite steps is the one value read back per update."""
+        c, t = self.counters, self.cfg.train
+        while c["updates"] < self.updates_due() and self._can_sample():
+            batch = self._batches.get()  # timed: perf/batch_wait_ms
+            metrics = self.agent.train_step(batch)
+            if metrics["train/nonfinite_steps"] > 0:
+                c["nonfinite_updates"] += 1
+                s.bad_in_row += 1
+                if s.bad_in_row >= t.max_nonfinite:
+                    self.save()  # skipped steps changed nothing: the last good state
+                    raise NonFiniteError(
+                        f"{s.bad_in_row} updates in a row had non-finite losses or "
+                        f"gradients (at {c['env_steps']} env steps); stopped with a "
+                        f"checkpoint of the last good state in {self.run_dir}. Check "
+                        f"the environment's observations and rewards, or lower the "
+                        f"learning rates")
+            else:
+                s.bad_in_row = 0
+            for k, v in metrics.items():
+                s.sums[k] = s.sums[k] + v.detach() if k in s.sums else v.detach()
+            s.n_sums += 1
+            c["updates"] += 1
+            every_check = self.cfg.run.dist_check_every
+            if self.dist is not None and every_check and c["updates"] % every_check == 0:
+                self.dist.check_identical(self.agent)
+
+    def _on_schedule(self, s: "_Session") -> None:
+        """What falls due by now: a metric row, an evaluation, videos, a checkpoint."""
+        cfg, c = self.cfg, self.counters
+        now = time.time()
+        c["wall_time"] = now - s.start
+        if now - s.last_log >= cfg.run.log_every:
+            self._log_row(s, now)
+        if s.next_eval is not None and c["env_steps"] >= s.next_eval and self.rank == 0:
+            self._evaluate(s.logger, s.start)
+            s.next_eval += cfg.run.eval_every
+        if s.next_video is not None and c["env_steps"] >= s.next_video and self.rank == 0:
+            self._videos(s.logger)
+            s.next_video += cfg.run.video_every
+        c["env_restarts"] = self.collector.restarts + self._restarts_before
+        every = cfg.run.checkpoint_every
+        if (now - s.last_ckpt >= cfg.run.checkpoint_minutes * 60
+                or (every and c["env_steps"] - s.last_ckpt_steps >= every)):
+            self.save()
+            s.last_ckpt, s.last_ckpt_steps = now, c["env_steps"]
+
+    def _log_row(self, s: "_Session", now: float) -> None:
+        c = self.counters
+        s.logger.metrics(self._row(s.sums, s.n_sums, now - s.last_log, s.log_steps,
+                                   s.log_updates))
+        s.sums, s.n_sums = {}, 0
+        s.last_log, s.log_steps, s.log_updates = now, c["env_steps"], c["updates"]
+
+    def _close_session(self, s: "_Session", end_videos: bool) -> None:
+        """The last metric row, a checkpoint, and the end-of-run videos."""
+        c = self.counters
+        now = time.time()
+        c["wall_time"] = now - s.start
+        if s.n_sums:
+            self._log_row(s, now)
+        if self.dist is not None:
+            self.dist.check_identical(self.agent)
+        self.save()
+        if end_videos and not self._stop and self.rank == 0 \
+                and self.videos_logged_at != c["env_steps"]:
+            print("writing the end-of-run videos ...", flush=True)
+            self._videos(s.logger)  # while the run's loggers are open (one W&B session)
 
     def _save_after(self, exc: BaseException) -> None:
         try:
