@@ -323,6 +323,55 @@ def test_decoder_loss_of_images_and_vectors_by_hand():
     np.testing.assert_allclose(t2n(loss), by_hand, rtol=1e-5)
 
 
+def _np_layer_norm(x, w, b, eps=1e-3):  # the authors' epsilon
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def _np_silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def _np_conv_s2(x, w):  # x (N, C, H, W), w (O, C, 4, 4): stride 2, padding 1, no bias
+    x = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(x, (4, 4), axis=(2, 3))[:, :, ::2, ::2]
+    return np.einsum("nchwij,ocij->nohw", win, w)
+
+
+def test_encoder_by_hand_symlog_mlp_and_cnn_of_centred_pixels():
+    """Vectors: symlog, then (Linear, LayerNorm ε=1e-3, SiLU) per layer; images: pixels/255 -
+    0.5, then (4x4 stride-2 conv, LayerNorm over channels, SiLU) x 4, flattened; both
+    concatenated. Inputs are spread over magnitudes and the first layers' weights are
+    shrunk, so symlog, the centring and ε each change the result."""
+    from lucid.world_model import Encoder
+    spec = ObsSpec(images={"cam": (16, 16, 3)}, vectors={"vec": 3})
+    enc = Encoder(spec, cfg("nano").model.dims())
+    with torch.no_grad():
+        enc.mlp.net[0].weight.mul_(0.01)
+        enc.cnn.net[0].weight.mul_(0.01)
+        for m in enc.modules():  # non-trivial norm scales and shifts
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+    g = np.random.default_rng(1)
+    img = g.integers(0, 256, (2, 16, 16, 3)).astype(np.uint8)
+    vec = (g.normal(size=(2, 3)) * np.array([0.1, 10.0, 300.0])).astype(np.float32)
+    got = t2n(enc({"cam": torch.from_numpy(img), "vec": torch.from_numpy(vec)}))
+    p = {n: t2n(v).astype(np.float64) for n, v in enc.named_parameters()}
+    x = np_symlog(vec.astype(np.float64))
+    for i in range(0, len(enc.mlp.net), 3):
+        x = _np_silu(_np_layer_norm(x @ p[f"mlp.net.{i}.weight"].T, p[f"mlp.net.{i + 1}.weight"],
+                                    p[f"mlp.net.{i + 1}.bias"]))
+    y = img.astype(np.float64).transpose(0, 3, 1, 2) / 255.0 - 0.5
+    for i in range(0, len(enc.cnn.net), 3):
+        y = _np_conv_s2(y, p[f"cnn.net.{i}.weight"])
+        n = f"cnn.net.{i + 1}.norm"
+        y = _np_silu(_np_layer_norm(y.transpose(0, 2, 3, 1), p[f"{n}.weight"],
+                                    p[f"{n}.bias"]).transpose(0, 3, 1, 2))
+    want = np.concatenate([x, y.reshape(2, -1)], -1)
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+
+
 def test_kl_gradients_train_the_prior_by_dyn_scale_and_the_posterior_by_rep_scale():
     """Eq. 5's stop-gradients. Each KL term's share of the gradient (the loss with the term
     minus the loss without, free bits off) equals autograd of that KL written here from the
