@@ -207,3 +207,22 @@ class GearSteerEnv(DictActionEnv):
         self.t += 1
         reward = float(action["gear"] == 2) + 1.0 - abs(float(action["steer"][0]) - 0.5)
         return np.array([self.t], np.float32), reward, False, self.t >= 10, {}
+
+
+class FallingReturnsEnv(gym.Env):
+    """Episodes of 2 steps whose return falls by 10 each episode: 100, 90, 80, ..."""
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.t, self.episode = 0, -1
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.episode = 0, self.episode + 1
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        end = self.t == 2
+        return np.zeros(1, np.float32), 100.0 - 10 * self.episode if end else 0.0, end, False, {}

@@ -22,6 +22,26 @@ def _cfg(tmp_path, **over):
     return make_config("default", **base)
 
 
+def test_target_return_is_the_mean_of_the_last_10_episodes(tmp_path):
+    """Returns 100, 90, 80, ...: the mean of the last 10 reaches 55 at the 10th episode (the
+    first episodes alone reach it at once), and `recent` keeps the newest 10."""
+    env = {"id": "envs_for_tests:FallingReturnsEnv", "num_envs": 1}
+    tr = Trainer(_cfg(tmp_path / "a", env=env, train={"prefill": 1000},
+                      run={"steps": 200, "target_return": 55.0}))
+    try:
+        tr.run()
+    finally:
+        tr.close()
+    assert tr.counters["episodes"] == 10 and "target_return=55" in tr.stop_reason
+    tr = Trainer(_cfg(tmp_path / "b", env=env, train={"prefill": 1000}, run={"steps": 46}))
+    try:
+        tr.run()
+    finally:
+        tr.close()
+    n = tr.counters["episodes"]
+    assert n > 10 and tr.recent == [100.0 - 10 * e for e in range(n - 10, n)]
+
+
 # (env steps after the 20 of prefill) x ratio / (B·T = 64 replayed steps per update), by hand
 @pytest.mark.parametrize("ratio,steps,expected", [(32, 120, 50), (512, 40, 160),
                                                   (1024, 40, 320)])
