@@ -61,7 +61,7 @@ def test_resume_continues_counters_replay_and_optimisers(tmp_path):
     cfg = _cfg(tmp_path, train={"train_ratio": 64})
     first = Trainer(cfg)
     first.run()
-    c1 = dict(first.counters)
+    c1, recent1 = dict(first.counters), list(first.recent)
     data1 = {k: v.copy() for k, v in first.replay.data.items()}
     params1 = [p.detach().clone() for p in first.agent.wm.parameters()]
     adam_step1 = first.agent.opt_wm.state_dict()["state"][0]["step"]
@@ -69,6 +69,7 @@ def test_resume_continues_counters_replay_and_optimisers(tmp_path):
 
     again = Trainer(make_config("default", run={"steps": 0}), tmp_path, resume=True)
     assert again.counters == c1
+    assert again.recent == recent1 != []  # run.target_return's last 10 returns
     # the random streams go on from the checkpoint: Python's, numpy's and torch's
     from lucid.checkpoint import _decode_np_state, _decode_py_state, load_latest
     saved = load_latest(tmp_path)[0]["rng"]
@@ -91,6 +92,26 @@ def test_resume_continues_counters_replay_and_optimisers(tmp_path):
     assert more.counters["env_steps"] >= 100 > c1["env_steps"]
     assert more.counters["updates"] > c1["updates"]
     assert more.counters["updates"] == math.floor((more.counters["env_steps"] - 20) * 64 / 64)
+
+
+def test_a_metric_row_holds_the_mean_over_its_updates(tmp_path):
+    """Metrics are summed on the device between rows; the row divides by the updates."""
+    tr = Trainer(_cfg(tmp_path, train={"train_ratio": 32}, run={"log_every": 1e9}))
+    real, count = tr.agent.train_step, iter(range(10_000))
+
+    def numbered(batch):  # update i reports a world-model loss of i
+        m = real(batch)
+        m["world_model/loss"] = torch.tensor(float(next(count)))
+        return m
+
+    tr.agent.train_step = numbered
+    try:
+        tr.run()
+    finally:
+        tr.close()
+    (row,) = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]  # the end's
+    n = tr.counters["updates"]
+    assert n > 2 and row["world_model/loss"] == pytest.approx((n - 1) / 2)
 
 
 def test_config_rejects_unknown_keys_with_a_suggestion():
