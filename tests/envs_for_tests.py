@@ -226,3 +226,15 @@ class FallingReturnsEnv(gym.Env):
         self.t += 1
         end = self.t == 2
         return np.zeros(1, np.float32), 100.0 - 10 * self.episode if end else 0.0, end, False, {}
+
+
+class AchievingEnv(FallingReturnsEnv):
+    """FallingReturnsEnv whose episodes end with Crafter's `episode_achievements` info:
+    `collect_wood` in every other episode, `place_table` in every third."""
+
+    def step(self, action):
+        obs, reward, end, truncated, info = super().step(action)
+        if end:
+            info = {"episode_achievements": {"collect_wood": int(self.episode % 2 == 0),
+                                             "place_table": int(self.episode % 3 == 0)}}
+        return obs, reward, end, truncated, info

@@ -42,6 +42,21 @@ def test_target_return_is_the_mean_of_the_last_10_episodes(tmp_path):
     assert n > 10 and tr.recent == [100.0 - 10 * e for e in range(n - 10, n)]
 
 
+def test_a_resume_keeps_the_crafter_score_of_the_episodes_before_it(tmp_path):
+    env = {"id": "envs_for_tests:AchievingEnv", "num_envs": 1}
+    first = Trainer(_cfg(tmp_path, env=env, train={"prefill": 1000}, run={"steps": 30}))
+    try:
+        first.run()
+    finally:
+        first.close()
+    before = first.achievements.metrics()
+    assert before["crafter/episodes"] == first.counters["episodes"] >= 5
+    assert 0 < before["crafter/score"] < 100
+    again = Trainer(make_config("default", run={"steps": 0}), tmp_path, resume=True)
+    again.close()
+    assert again.achievements.metrics() == before
+
+
 # (env steps after the 20 of prefill) x ratio / (B·T = 64 replayed steps per update), by hand
 @pytest.mark.parametrize("ratio,steps,expected", [(32, 120, 50), (512, 40, 160),
                                                   (1024, 40, 320)])
