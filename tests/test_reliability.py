@@ -239,11 +239,12 @@ def test_nonfinite_batch_skips_the_steps_it_poisons(tmp_path, where, skipped, un
     tr.close()
 
 
-def test_run_stops_after_k_bad_updates_with_a_checkpoint_of_the_last_good_state(tmp_path):
+@pytest.mark.parametrize("key", ["obs/vector", "reward"])  # all 3 steps skip, or 1
+def test_run_stops_after_k_bad_updates_with_a_checkpoint_of_the_last_good_state(tmp_path, key):
     tr = Trainer(_cfg(tmp_path, train={"max_nonfinite": 3}, run={"steps": 400}))
     tr.run()  # a healthy first part
     good = [p.clone() for p in tr.agent.wm.parameters()]
-    tr.replay.data["obs/vector"][:] = np.nan  # corrupted memory: every batch is bad
+    tr.replay.data[key][:] = np.nan  # corrupted memory: every batch is bad
     tr.cfg.run.steps = 800
     with pytest.raises(NonFiniteError, match="3 updates in a row"):
         tr.run()
@@ -253,6 +254,26 @@ def test_run_stops_after_k_bad_updates_with_a_checkpoint_of_the_last_good_state(
     for (name, _), p in zip(tr.agent.wm.named_parameters(), good):
         assert torch.equal(saved[name], p), name
     tr.close()
+
+
+def test_bad_updates_that_are_not_in_a_row_do_not_stop_the_run(tmp_path):
+    """max_nonfinite counts a streak: a good update in between starts it again."""
+    tr = Trainer(_cfg(tmp_path, train={"max_nonfinite": 2}, run={"steps": 120}))
+    real, calls = tr.agent.train_step, iter(range(10_000))
+
+    def every_other_poisoned(batch):
+        if next(calls) % 2 == 0:
+            batch = {**batch, "reward": torch.full_like(batch["reward"], float("nan"))}
+        return real(batch)
+
+    tr.agent.train_step = every_other_poisoned
+    try:
+        tr.run()
+    finally:
+        tr.close()
+    n = tr.counters["updates"]
+    assert n >= 6 and tr.counters["env_steps"] == 120
+    assert tr.counters["nonfinite_updates"] == (n + 1) // 2
 
 
 # --------------------------------------------------------------------------- crashing envs
