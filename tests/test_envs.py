@@ -172,14 +172,15 @@ def test_atari_repeat_and_max_pool_match_stepping_the_raw_emulator(gray):
     assert np.array_equal(obs, shrink(frame))
     rng = np.random.default_rng(0)
     pooled_differs = 0
-    total_env, total_raw = 0.0, 0.0
-    for t in range(120):
+    total_env, total_raw, early_reward = 0.0, 0.0, 0
+    for t in range(480):  # 13 points; the first not on a step's last frame at t=465
         action = int(rng.integers(18))
         frames, reward = [], 0.0
-        for _ in range(4):
+        for i in range(4):
             frame, r, term, trunc, _ = raw.step(action)
             frames.append(frame)
             reward += r
+            early_reward += i < 3 and r != 0  # the step's reward is not its last frame's
         n_before = len(spy.actions)
         obs, r_env, term_env, trunc_env, _ = env.step(action)
         assert len(spy.actions) - n_before == 4 and spy.actions[-4:] == [action] * 4
@@ -190,7 +191,7 @@ def test_atari_repeat_and_max_pool_match_stepping_the_raw_emulator(gray):
         total_env += r_env
         total_raw += reward
     assert pooled_differs > 0  # the max over two frames mattered (moving ball)
-    assert total_env == total_raw and total_raw != 0.0  # rewards passed through (a point)
+    assert total_env == total_raw and early_reward > 0  # rewards of all 4 frames (a point)
     env.close()
     raw.close()
 
@@ -220,6 +221,12 @@ def test_atari_sticky_actions_repeat_the_previous_frame_action_a_quarter_of_the_
     for t in range(100):
         env.step(2 + t % 2)
     assert spy.actions[n0:] == [2 + t % 2 for t in range(100) for _ in range(4)]  # never sticky
+    # a reset makes NOOP the previous action again (sticky=1 would repeat it for ever)
+    _find(env, gym.wrappers.AtariPreprocessing).sticky = 1.0
+    env.reset(seed=2)
+    n0 = len(spy.actions)
+    env.step(2)
+    assert spy.actions[n0:] == [0] * 4
     env.close()
 
 
