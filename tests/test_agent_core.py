@@ -372,6 +372,59 @@ def test_encoder_by_hand_symlog_mlp_and_cnn_of_centred_pixels():
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
 
 
+def _np_conv_t_s2(x, w, b=None):  # x (N, C, H, W), w (C, O, 4, 4): stride 2, padding 1
+    n, _, h, wd = x.shape
+    full = np.zeros((n, w.shape[1], 2 * h + 2, 2 * wd + 2))
+    for i in range(4):  # input pixel (y, x) adds w[..., i, j] at output (2y - 1 + i, 2x - 1 + j)
+        for j in range(4):
+            full[:, :, i:i + 2 * h:2, j:j + 2 * wd:2] += np.einsum("nchw,co->nohw", x,
+                                                                   w[:, :, i, j])
+    out = full[:, :, 1:-1, 1:-1]
+    return out if b is None else out + b[None, :, None, None]
+
+
+def test_decoder_by_hand_mlp_for_vectors_and_transposed_cnn_for_images():
+    """Vectors: (Linear, LayerNorm, SiLU) per layer, then a Linear with bias, split per key.
+    Images: a Linear (no norm) to an (8·mult, H/16, W/16) map, 3 x (4x4 stride-2 transposed
+    conv, LayerNorm over channels, SiLU), then a transposed conv with bias to the channels of
+    all image keys, split per key."""
+    from lucid.world_model import Decoder
+    spec = ObsSpec(images={"cam": (16, 16, 3), "depth": (16, 16, 1)}, vectors={"a": 2, "b": 3})
+    dec = Decoder(spec, 20, cfg("nano").model.dims())
+    with torch.no_grad():
+        for m in dec.modules():  # non-trivial norm scales and shifts, and output biases
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+        dec.mlp.out.bias.uniform_(-1, 1)
+        dec.cnn.net[-1].bias.uniform_(-1, 1)
+        dec.cnn.linear.bias.uniform_(-1, 1)
+    feat = np.random.default_rng(2).normal(size=(2, 3, 20)).astype(np.float32)
+    got = {k: t2n(v) for k, v in dec(torch.from_numpy(feat)).items()}
+    p = {n: t2n(v).astype(np.float64) for n, v in dec.named_parameters()}
+    x = feat.astype(np.float64)
+    for i in range(0, len(dec.mlp.mlp.net), 3):
+        n = f"mlp.mlp.net.{i + 1}"
+        x = _np_silu(_np_layer_norm(x @ p[f"mlp.mlp.net.{i}.weight"].T, p[f"{n}.weight"],
+                                    p[f"{n}.bias"]))
+    x = x @ p["mlp.out.weight"].T + p["mlp.out.bias"]
+    y = feat.reshape(6, 20).astype(np.float64) @ p["cnn.linear.weight"].T + p["cnn.linear.bias"]
+    y = y.reshape(6, *dec.cnn.shape)
+    assert dec.cnn.shape[1:] == (1, 1)  # 16x16 images: a 1x1 map, doubled 4 times
+    last = len(dec.cnn.net) - 1
+    for i in range(0, last, 3):
+        y = _np_conv_t_s2(y, p[f"cnn.net.{i}.weight"])
+        n = f"cnn.net.{i + 1}.norm"
+        y = _np_silu(_np_layer_norm(y.transpose(0, 2, 3, 1), p[f"{n}.weight"],
+                                    p[f"{n}.bias"]).transpose(0, 3, 1, 2))
+    y = _np_conv_t_s2(y, p[f"cnn.net.{last}.weight"], p[f"cnn.net.{last}.bias"])
+    y = y.reshape(2, 3, 4, 16, 16)
+    want = {"a": x[..., :2], "b": x[..., 2:], "cam": y[:, :, :3], "depth": y[:, :, 3:]}
+    assert set(got) == set(want)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=2e-4, atol=2e-5, err_msg=k)
+
+
 def test_kl_gradients_train_the_prior_by_dyn_scale_and_the_posterior_by_rep_scale():
     """Eq. 5's stop-gradients. Each KL term's share of the gradient (the loss with the term
     minus the loss without, free bits off) equals autograd of that KL written here from the
