@@ -73,7 +73,8 @@ def make_agent(act: ActionSpec, seed: int, **train) -> Agent:
 
 
 def make_batch(act: ActionSpec, B=3, T=6, seed=0):
-    """A replayed (B, T) batch; about a third of the steps (not the first) are terminal."""
+    """A replayed (B, T) batch; about a third of the steps (not the first) are terminal, and
+    some others truncated (is_last without is_terminal)."""
     g = torch.Generator().manual_seed(seed)
     if act.is_discrete:
         (n,) = act.discrete
@@ -84,13 +85,15 @@ def make_batch(act: ActionSpec, B=3, T=6, seed=0):
     is_first[:, 0] = True
     is_terminal = torch.rand(B, T, generator=g) < 0.35
     is_terminal[:, 0] = False
+    truncated = (torch.rand(B, T, generator=g) < 0.2) & ~is_terminal  # ends, yet continue
+    truncated[:, 0] = False
     return {
         "obs": {"vector": torch.randn(B, T, 4, generator=g) * 2},
         "action": action,
         "reward": torch.randn(B, T, generator=g),
         "is_first": is_first,
         "is_terminal": is_terminal,
-        "is_last": is_terminal.clone(),
+        "is_last": is_terminal | truncated,
     }
 
 
