@@ -57,6 +57,22 @@ def test_a_resume_keeps_the_crafter_score_of_the_episodes_before_it(tmp_path):
     assert again.achievements.metrics() == before
 
 
+def test_random_actions_fill_the_prefill_then_the_agent_acts(tmp_path):
+    tr = Trainer(_cfg(tmp_path, train={"train_ratio": 16}))  # 2 envs, prefill 20, 60 steps
+    real, rows = tr.agent.policy, []
+
+    def counted(obs, *args, **kwargs):
+        rows.append((tr.counters["env_steps"], next(iter(obs.values())).shape[0]))
+        return real(obs, *args, **kwargs)
+
+    tr.agent.policy = counted
+    try:
+        tr.run()
+    finally:
+        tr.close()
+    assert rows == [(s, 2) for s in range(20, 60, 2)]
+
+
 # (env steps after the 20 of prefill) x ratio / (B·T = 64 replayed steps per update), by hand
 @pytest.mark.parametrize("ratio,steps,expected", [(32, 120, 50), (512, 40, 160),
                                                   (1024, 40, 320)])
