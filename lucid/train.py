@@ -788,6 +788,12 @@ class Trainer:
         self._release()
         self.closed = True
 
+    def __enter__(self) -> "Trainer":  # `with Trainer(cfg) as tr: tr.run()` closes it after
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # ------------------------------------------------------------------ scale-out
 
     def _make_replay(self):

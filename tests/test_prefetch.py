@@ -52,10 +52,8 @@ def test_prefetch_keeps_the_train_ratio_exact_and_batches_come_from_the_replay(
         return train_step(batch)
 
     tr.agent.train_step = recording
-    try:
+    with tr:
         tr.run()
-    finally:
-        tr.close()
     c = tr.counters
     expected = math.floor((c["env_steps"] - 20) * ratio / (4 * 16))
     assert c["updates"] == expected == len(batches) > 0
@@ -74,10 +72,8 @@ def test_prefetch_keeps_the_train_ratio_exact_and_batches_come_from_the_replay(
 
 def test_without_prefetch_the_wait_is_logged_too(tmp_path):
     tr = Trainer(_cfg(tmp_path, 64, 60, prefetch=False))
-    try:
+    with tr:
         tr.run()
-    finally:
-        tr.close()
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert any("perf/batch_wait_ms" in r for r in rows)
 

@@ -267,10 +267,8 @@ def test_bad_updates_that_are_not_in_a_row_do_not_stop_the_run(tmp_path):
         return real(batch)
 
     tr.agent.train_step = every_other_poisoned
-    try:
+    with tr:
         tr.run()
-    finally:
-        tr.close()
     n = tr.counters["updates"]
     assert n >= 6 and tr.counters["env_steps"] == 120
     assert tr.counters["nonfinite_updates"] == (n + 1) // 2

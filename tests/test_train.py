@@ -28,16 +28,12 @@ def test_target_return_is_the_mean_of_the_last_10_episodes(tmp_path):
     env = {"id": "envs_for_tests:FallingReturnsEnv", "num_envs": 1}
     tr = Trainer(_cfg(tmp_path / "a", env=env, train={"prefill": 1000},
                       run={"steps": 200, "target_return": 55.0}))
-    try:
+    with tr:
         tr.run()
-    finally:
-        tr.close()
     assert tr.counters["episodes"] == 10 and "target_return=55" in tr.stop_reason
     tr = Trainer(_cfg(tmp_path / "b", env=env, train={"prefill": 1000}, run={"steps": 46}))
-    try:
+    with tr:
         tr.run()
-    finally:
-        tr.close()
     n = tr.counters["episodes"]
     assert n > 10 and tr.recent == [100.0 - 10 * e for e in range(n - 10, n)]
 
@@ -45,10 +41,8 @@ def test_target_return_is_the_mean_of_the_last_10_episodes(tmp_path):
 def test_a_resume_keeps_the_crafter_score_of_the_episodes_before_it(tmp_path):
     env = {"id": "envs_for_tests:AchievingEnv", "num_envs": 1}
     first = Trainer(_cfg(tmp_path, env=env, train={"prefill": 1000}, run={"steps": 30}))
-    try:
+    with first:
         first.run()
-    finally:
-        first.close()
     before = first.achievements.metrics()
     assert before["crafter/episodes"] == first.counters["episodes"] >= 5
     assert 0 < before["crafter/score"] < 100
@@ -66,10 +60,8 @@ def test_random_actions_fill_the_prefill_then_the_agent_acts(tmp_path):
         return real(obs, *args, **kwargs)
 
     tr.agent.policy = counted
-    try:
+    with tr:
         tr.run()
-    finally:
-        tr.close()
     assert rows == [(s, 2) for s in range(20, 60, 2)]
 
 
@@ -136,10 +128,8 @@ def test_a_metric_row_holds_the_mean_over_its_updates(tmp_path):
         return m
 
     tr.agent.train_step = numbered
-    try:
+    with tr:
         tr.run()
-    finally:
-        tr.close()
     (row,) = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]  # the end's
     n = tr.counters["updates"]
     assert n > 2 and row["world_model/loss"] == pytest.approx((n - 1) / 2)

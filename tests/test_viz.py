@@ -608,10 +608,8 @@ def test_dream_of_a_vector_env_that_cannot_draw_its_states_is_a_plot(runs, tmp_p
         "train.train_ratio=8", "run.progress=false", "run.log_every=0", "run.videos=false",
         f"run.run_dir={tmp_path / 'count'}"])
     tr = Trainer(cfg)
-    try:
+    with tr:
         tr.run()
-    finally:
-        tr.close()
     run = str(tmp_path / "count")
     r = cli.invoke(app, ["dream", run, "--horizon", "6", "--context", "2"])
     assert r.exit_code == 0, r.output
