@@ -923,6 +923,19 @@ def test_the_baselines_gradient_reaches_a_box_actor_only_with_actor_baseline_gra
                                                         actor_after(True, True)))
 
 
+def test_box_samples_are_reparameterised_in_the_mean_and_the_std():
+    """a = mean + std·ε: da/dmean = 1 and da/dstd = ε, so the dynamics objective trains the
+    std through the sampled actions too."""
+    actor = make_agent(BOX, seed=3).actor
+    mean = torch.tensor([[0.3, -0.2], [0.0, 0.5]], requires_grad=True)
+    std = torch.tensor([[0.5, 0.2], [0.9, 0.1]], requires_grad=True)
+    eps = torch.tensor([[1.5, -0.7], [0.2, 2.0]])
+    a = actor.sample([mean, std], noise=eps)
+    torch.testing.assert_close(a, mean + std * eps)
+    a.sum().backward()
+    assert torch.equal(mean.grad, torch.ones_like(mean)) and torch.equal(std.grad, eps)
+
+
 @pytest.mark.parametrize("act", [DISCRETE, BOX], ids=["discrete", "box"])
 def test_acting_carries_the_action_taken_into_the_next_step(act):
     """policy() returns the action with the next state, and the next call's h is the

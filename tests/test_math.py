@@ -544,6 +544,24 @@ def test_return_norm_ema_of_percentiles(min_scale, spread):
         assert norm.scale().item() < 0.1
 
 
+@pytest.mark.parametrize("end", ["high", "low", "both"])
+def test_return_norm_keeps_its_ema_when_a_percentile_is_not_finite(end):
+    """A batch of returns whose 5th or 95th percentile is inf or NaN leaves both EMAs as they
+    were (one non-finite update would make the scale inf or NaN for good)."""
+    norm = ReturnNorm(decay=0.99, low=5.0, high=95.0)
+    norm.update(torch.arange(100.0))
+    low, high = norm.low.clone(), norm.high.clone()
+    bad = torch.arange(100.0)
+    if end in ("high", "both"):
+        bad[-10:] = float("inf")  # the 95th percentile is inf, the 5th finite
+    if end in ("low", "both"):
+        bad[:10] = float("-inf") if end == "low" else float("nan")
+    norm.update(bad)
+    assert torch.equal(norm.low, low) and torch.equal(norm.high, high)
+    norm.update(torch.arange(100.0))  # and the next finite batch moves them again
+    assert norm.high > high
+
+
 # --------------------------------------------------------------------------- GRU
 
 

@@ -32,6 +32,7 @@ import pytest
 import torch
 
 from lucid.agent import Agent
+from lucid.behavior import replay_critic_loss
 from lucid.config import make_config
 from lucid.envs.spaces import ActionSpec, ObsSpec
 from lucid.nets import OneHotCat
@@ -125,9 +126,10 @@ def capture_imagination(agent: Agent, monkeypatch) -> dict:
 
 
 def expected_update(rec: dict, batch: dict, act: ActionSpec, ema=(LOW0, HIGH0), unimix=0.01,
-                    min_std=0.1, max_std=1.0) -> dict:
+                    min_std=0.1, max_std=1.0, box_reinforce=False) -> dict:
     """Every imagination metric of the update, from the captured trajectory, in numpy;
-    `ema`: the return normaliser's (low, high) before the update."""
+    `ema`: the return normaliser's (low, high) before the update; `box_reinforce`: Box
+    actions learn by REINFORCE (train.continuous_grad=reinforce)."""
     nets, feat = rec["nets"], rec["feat"]
     with torch.no_grad():
         heads = {k: t2n(m(feat)) for k, m in nets.items()}
@@ -162,11 +164,13 @@ def expected_update(rec: dict, batch: dict, act: ActionSpec, ema=(LOW0, HIGH0), 
         logp = (np.log(probs) * action).sum(-1)
         ent = -(probs * np.log(probs)).sum(-1)
         objective = logp * adv
-    else:  # Normal(tanh mean, std in [min, max]), the return's gradient through the dynamics
-        _, std_raw = np.split(x, 2, -1)  # the entropy needs only the std
+    else:  # Normal(tanh mean, std in [min, max]): REINFORCE, or the return's gradient
+        mean_raw, std_raw = np.split(x, 2, -1)  # through the dynamics
         std = (max_std - min_std) / (1 + np.exp(-(std_raw + 2.0))) + min_std
         ent = (0.5 * np.log(2 * np.pi * np.e * std ** 2)).sum(-1)
-        objective = adv
+        z = (action - np.tanh(mean_raw)) / std
+        logp = (-0.5 * z ** 2 - np.log(std) - 0.5 * np.log(2 * np.pi)).sum(-1)
+        objective = logp * adv if box_reinforce else adv
     a_loss = -(weight * (objective + ETA * ent)).mean()
 
     l_ret = np_twohot_ce(critic_logits[:H], ret)
@@ -208,22 +212,25 @@ def assert_metrics_match(metrics: dict, want: dict):
 # --------------------------------------------------------------------------- the losses
 
 
-@pytest.mark.parametrize("act", [DISCRETE, BOX], ids=["discrete-reinforce", "box-dynamics"])
-def test_update_metrics_match_a_numpy_recomputation_of_the_imagination(act, monkeypatch):
+@pytest.mark.parametrize("act,grad", [(DISCRETE, "dynamics"), (BOX, "dynamics"),
+                                      (BOX, "reinforce")],
+                         ids=["discrete-reinforce", "box-dynamics", "box-reinforce"])
+def test_update_metrics_match_a_numpy_recomputation_of_the_imagination(act, grad, monkeypatch):
     """Independent computation: from the captured imagined features and actions and the heads
     as they were when imagining, numpy loops rebuild rewards (reward head at steps 1..H),
     continues (mode of the continue head; step 0 = 1 - is_terminal of the start), fast-critic
     values, λ-returns with γ = train.gamma and λ = train.lam, weights prod(γ c)/γ, the
     percentile EMA scale (updated before use, from a non-zero EMA so that S > 1), the actor
-    loss (REINFORCE for Discrete, dynamics objective for Box) with its entropy bonus, and the
-    critic loss (toward the returns plus slow_critic_reg times toward the slow critic).
-    Every imagination metric Agent.train reports must equal them."""
-    agent = make_agent(act, seed=11)
+    loss (REINFORCE for Discrete, for Box the dynamics objective, or with
+    train.continuous_grad=reinforce REINFORCE of the Normal's log-density) with its entropy
+    bonus, and the critic loss (toward the returns plus slow_critic_reg times toward the slow
+    critic). Every imagination metric Agent.train reports must equal them."""
+    agent = make_agent(act, seed=11, continuous_grad=grad)
     rec = capture_imagination(agent, monkeypatch)
     batch = make_batch(act, seed=5)
     torch.manual_seed(3)
     metrics = agent.train(batch)
-    want = expected_update(rec, batch, act)
+    want = expected_update(rec, batch, act, box_reinforce=grad == "reinforce")
 
     # the setup exercises what it means to check: terminal starts, imagined ends, S > 1
     cont = want["_cont"]
@@ -312,6 +319,31 @@ def test_the_critic_and_actor_gradients_are_those_of_the_weighted_losses(monkeyp
             np.testing.assert_allclose(grads[net, name][:k], want_grad, rtol=1e-4,
                                        atol=1e-4 * np.abs(want_grad).max(),
                                        err_msg=f"{net} {name}")
+
+
+def test_replay_critic_loss_by_hand():
+    """The Nature recipe's replay value loss: the critic at replayed states 0..T-2 (step T-1
+    has no return) toward their λ-returns plus slow_critic_reg times toward the slow critic,
+    weight 0 at steps that end an episode, the mean over all B·(T-1) steps; the states carry
+    no gradient back (into the world model)."""
+    agent = make_agent(DISCRETE, seed=14)
+    B, T, F = 3, 6, agent.critic.net.mlp.net[0].in_features
+    g = torch.Generator().manual_seed(0)
+    feat = torch.randn(B, T, F, generator=g).requires_grad_()
+    ret = torch.randn(B, T - 1, generator=g) * 5
+    last = torch.zeros(B, T, dtype=torch.bool)
+    last[0, 2] = last[2, 0] = last[1, T - 1] = True
+    loss, metrics = replay_critic_loss(agent.critic, feat, ret, last, agent.config.train)
+    nb = len(BINS)
+    with torch.no_grad():
+        logits = t2n(agent.critic.net(feat[:, :-1]))[..., :nb]
+        slow = np_twohot_mean(t2n(agent.critic.slow(feat[:, :-1]))[..., :nb])
+    w = 1.0 - t2n(last[:, :-1]).astype(np.float64)
+    want = (w * (np_twohot_ce(logits, t2n(ret)) + SLOW_REG * np_twohot_ce(logits, slow))).mean()
+    np.testing.assert_allclose(loss.item(), want, rtol=1e-5)
+    assert metrics["critic/replay_loss"] is loss
+    loss.backward()
+    assert feat.grad is None and agent.critic.net.out.weight.grad is not None
 
 
 # --------------------------------------------------------------------------- clipping
