@@ -68,6 +68,7 @@ def test_observe_reset_mid_row_equals_fresh_start():
     batch["is_first"][0, 3] = True
     batch["is_first"][2, 5] = True
     with torch.no_grad():
+        wm.initial_h.normal_(0.0, 2.0)  # a learned h0 away from 0, where tanh matters
         embed = wm.encoder(batch["obs"])
         h, z, post, prior, _ = wm.observe(embed, batch["action"], batch["is_first"])
         init = wm.initial(1)
