@@ -1,5 +1,6 @@
 import json
 import math
+import random
 
 import numpy as np
 import pytest
@@ -83,6 +84,7 @@ def test_train_ratio_is_honoured_exactly(tmp_path, ratio, steps, expected):
 def test_resume_continues_counters_replay_and_optimisers(tmp_path):
     cfg = _cfg(tmp_path, train={"train_ratio": 64})
     first = Trainer(cfg)
+    random.random(), np.random.random()  # as an env's own draws would move them
     first.run()
     c1, recent1 = dict(first.counters), list(first.recent)
     data1 = {k: v.copy() for k, v in first.replay.data.items()}
@@ -100,7 +102,6 @@ def test_resume_continues_counters_replay_and_optimisers(tmp_path):
     live_np, saved_np = np.random.get_state(), _decode_np_state(saved["numpy"])
     assert live_np[0] == saved_np[0] and np.array_equal(live_np[1], saved_np[1]) \
         and live_np[2:] == saved_np[2:]
-    import random
     assert random.getstate() == _decode_py_state(saved["python"])
     for k, v in data1.items():
         np.testing.assert_array_equal(again.replay.data[k], v)
