@@ -7,7 +7,8 @@ import torch
 import yaml
 
 from lucid import Dreamer
-from lucid.checkpoint import atomic_torch_save, list_checkpoints, load_checkpoint, load_latest
+from lucid.checkpoint import (atomic_torch_save, list_checkpoints, load_checkpoint, load_latest,
+                              save_checkpoint)
 from lucid.train import Trainer
 from lucid.config import ConfigError, make_config
 
@@ -33,6 +34,33 @@ def test_malicious_checkpoint_runs_nothing(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"cannot write .*x.pt: the directory .*missing "
                                                 r"does not exist"):
         atomic_torch_save({}, tmp_path / "missing" / "x.pt")
+
+
+def test_a_refused_newest_checkpoint_stops_the_load_instead_of_falling_back(tmp_path):
+    """A checkpoint that holds code is not a corrupt file to step over: loading the run
+    stops there, and both files stay as they were."""
+    older = save_checkpoint(tmp_path, {"counters": {"updates": 1}})
+    hostile = older.with_name("ckpt-000000002.pt")
+    torch.save({"format_version": 1, "payload": _Exploit()}, hostile)
+    with pytest.raises(ValueError, match="refused to load .*ckpt-000000002.pt"):
+        load_latest(tmp_path, set_aside=True)
+    assert list_checkpoints(tmp_path) == [older, hostile]
+
+
+def test_other_files_saved_by_torch_are_not_lucid_checkpoints(tmp_path):
+    for name, obj in (("weights.pt", {"layer.weight": torch.zeros(2)}),
+                      ("future.pt", {"format_version": 999, "agent": {}}), ("list.pt", [1, 2])):
+        torch.save(obj, tmp_path / name)
+        with pytest.raises(ValueError, match=f"{name} is not a lucid checkpoint of format"):
+            load_checkpoint(tmp_path / name)
+
+
+def test_saving_removes_the_temporary_files_of_a_killed_save(tmp_path):
+    stale = tmp_path / "checkpoints" / "ckpt-000000007.pt.tmp"
+    stale.parent.mkdir()
+    stale.write_bytes(b"half a checkpoint")
+    path = save_checkpoint(tmp_path, {"counters": {"updates": 8}})
+    assert not stale.exists() and load_checkpoint(path)["counters"] == {"updates": 8}
 
 
 def _small_cfg(tmp_path, steps=50):
