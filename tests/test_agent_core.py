@@ -87,6 +87,41 @@ def test_observe_reset_mid_row_equals_fresh_start():
         assert torch.equal(init.action, torch.zeros(1, 2))
 
 
+def test_posterior_and_prior_mix_in_one_percent_uniform():
+    """Both of the RSSM's categoricals are 99% network and 1% uniform (the paper's unimix):
+    with very confident logits, every class keeps probability 0.01/K at least, and the
+    chosen one gets 0.99 + 0.01/K; with model.unimix=0 the others fall to 0."""
+    for unimix in (0.01, 0.0):
+        torch.manual_seed(0)
+        wm = WorldModel(VEC, 2, cfg("micro", model={"unimix": unimix}).model)
+        with torch.no_grad():
+            wm.post_out.weight.mul_(1e4)
+            wm.prior_out.weight.mul_(1e4)
+        h, embed = torch.randn(5, wm.D), torch.randn(5, wm.encoder.out_dim)
+        for p in (wm.post_logp(h, embed).exp(), wm.prior_logp(h).exp()):
+            torch.testing.assert_close(p.min(), torch.tensor(unimix / wm.K),
+                                       rtol=1e-3, atol=1e-9)
+            torch.testing.assert_close(p.max(-1).values, torch.full((5, wm.G), 1 - unimix
+                                       + unimix / wm.K), rtol=1e-4, atol=1e-6)
+
+
+def test_imagined_latents_pass_gradients_straight_through_to_earlier_actions():
+    """In `imagine` (dynamics backprop), z_t is a straight-through sample of the prior at
+    h_t = f(h_{t-1}, z_{t-1}, a_{t-1}): the gradient of w·z_1 with respect to a_0 is that of
+    w·p(z | h_1), the prior's probabilities."""
+    torch.manual_seed(1)
+    wm = WorldModel(VEC, 2, cfg("micro").model)
+    init = wm.initial(4)
+    a0 = torch.randn(4, 2, requires_grad=True)
+    feat, _ = wm.imagine(lambda f: a0, init.h, init.z, 1)
+    w = torch.randn(4, wm.G, wm.K)
+    (got,) = torch.autograd.grad((feat[1, :, wm.D:].reshape(4, wm.G, wm.K) * w).sum(), a0)
+    probs = wm.prior_logp(wm.sequence(init.h, init.z, a0)).exp()
+    (want,) = torch.autograd.grad((probs * w).sum(), a0)
+    assert want.abs().max() > 1e-4
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
+
+
 def test_posterior_split_over_embedding_and_h_is_the_same_function_and_gradient():
     """The posterior computes W_e e (for all steps at once in observe) and W_h h apart: its
     log-probs and every gradient equal those of the MLP applied to [e, h]."""
