@@ -501,6 +501,10 @@ def test_kl_gradients_train_the_prior_by_dyn_scale_and_the_posterior_by_rep_scal
                 "the representation loss moved the prior"
         else:
             assert any(got[n].abs().max() > 0 for n in got if n.startswith("prior_"))
+            # p(z | h) is a function of h: the dynamics loss trains the sequence model too
+            assert all((got[n] - none[n]).abs().max() > 0 for n in got
+                       if n.startswith(("gru.", "seq_in.")) and n.endswith("weight")), \
+                "the dynamics loss did not reach the sequence model"
 
 
 def test_free_bits_with_mixed_kls():
