@@ -150,6 +150,29 @@ def test_a_records_action_is_the_one_taken_after_its_observation(policy):
     assert checked == {0, 1, 2}  # every action was seen, so the check means something
 
 
+def test_the_policy_is_told_which_envs_start_an_episode():
+    """Each step hands the agent that step's is_first, so that its state starts again in
+    the envs that just reset (one env's reset while the other carries on included)."""
+    from lucid.agent import Agent
+    from lucid.config import make_config
+    obs_spec = ObsSpec.from_space(EchoEnv().observation_space)
+    act_spec = ActionSpec.from_space(EchoEnv().action_space)
+    torch.manual_seed(0)
+    agent = Agent(obs_spec, act_spec, make_config("default", model={"size": "nano"}))
+    real, seen = agent.policy, []
+
+    def policy(obs, state, explore, is_first):
+        seen.append(is_first.tolist())
+        return real(obs, state, explore, is_first)
+
+    agent.policy = policy
+    col = Collector([lambda: EchoEnv(3), lambda: EchoEnv(4)], obs_spec, act_spec, seed=3)
+    recs = [col.step(agent)[0] for _ in range(12)]
+    col.close()
+    assert seen == [r["is_first"].tolist() for r in recs]
+    assert [True, False] in seen and [False, True] in seen
+
+
 def test_terminal_and_first_flags_flow_from_env_to_records():
     recs = _collect([lambda: CountEnv(length=3)], 9)
     t = [int(r["obs/vector"][0, 0]) for r in recs]
