@@ -467,5 +467,8 @@ def from_yaml(text: str, where: str = "config file") -> Config:
     except (ConfigKeyError, ConfigAttributeError, ValidationError) as exc:
         raise ConfigError(f"config file does not match this version of lucid: {exc}") from None
     obj: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
-    validate(obj)
+    try:
+        validate(obj)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}, in {where}: fix that value there") from None
     return obj

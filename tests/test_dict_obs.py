@@ -442,3 +442,29 @@ def test_predict_is_as_strict_as_training_and_names_the_mistake(tmp_path):
         assert "is float64, which its space's dtype int64 cannot hold" in str(exc)
     else:
         raise AssertionError("predict took 2.5 for a Discrete observation")
+
+
+def test_discrete_observations_become_one_hots_from_their_start_and_others_are_refused():
+    spec = ObsSpec.from_space(gym.spaces.Discrete(3, start=1))
+    got = spec.convert(np.array([1, 3, 2]), (3,))["vector"]
+    np.testing.assert_array_equal(got, np.eye(3, dtype=np.float32)[[0, 2, 1]])
+    for bad in (0, 4):  # below its start, past its end
+        with pytest.raises(ValueError, match=rf"= \[{bad}\] lies outside its Discrete space "
+                                             r"\(1 to 3\)"):
+            spec.convert(np.array([bad]), (1,))
+
+
+def test_images_of_one_to_four_channels_are_images_and_both_sides_must_divide_by_16():
+    for c in (1, 3, 4):  # gray, RGB, RGBA
+        spec = ObsSpec.from_space(gym.spaces.Box(0, 255, (32, 48, c), np.uint8))
+        assert spec.images == {"image": (32, 48, c)} and not spec.vectors
+    for h, w in ((64, 72), (72, 64)):
+        with pytest.raises(TypeError, match=f"is {h}x{w}; lucid's image encoder needs sides "
+                                            f"divisible by 16"):
+            ObsSpec.from_space(gym.spaces.Box(0, 255, (h, w, 3), np.uint8))
+
+
+def test_bool_box_actions_are_true_above_the_middle_of_the_model_range():
+    spec = ActionSpec.from_space(gym.spaces.Box(0, 1, (4,), np.bool_))
+    got = spec.to_env(np.array([[-1.0, -0.2, 0.2, 1.0]], np.float32))
+    assert got.dtype == np.bool_ and got.tolist() == [[False, False, True, True]]

@@ -817,10 +817,31 @@ def test_a_full_disk_stops_the_run_at_its_last_checkpoint_with_the_fix_named(tmp
     ("model.dense_units=-1", "model sizes"), ("model.bins_low=30", "model.bins_low"),
     ("env.kwargs.render_mode=human", "env.kwargs.render_mode"),
     ("env.kwargs.max_episode_steps=9", "env.max_episode_steps instead"),
+    # each at the first value past its bound
+    ("train.batch_length=1", "train.batch_length >= 2"), ("train.gamma=0", "train.gamma"),
+    ("train.lam=1.01", "train.lam"), ("train.train_ratio=0", "train.train_ratio"),
+    ("train.replay_value_scale=-0.1", "train.replay_value_scale"),
+    ("train.actor_lr=-1e-5", "learning rates"), ("train.free_nats=-1", "train.free_nats"),
+    ("train.rep_free_nats=-1", "train.rep_free_nats"), ("train.prefill=-1", "train.prefill"),
+    ("train.replay_max_gb=-1", "train.replay_max_gb"),
+    ("run.keep_checkpoints=0", "run.keep_checkpoints"), ("env.max_restarts=-1", "max_restarts"),
+    ("run.runners=dask", "run.runners"), ("run.runner_chunk=0", "run.runner_chunk"),
+    ("run.eval_episodes=0", "run.eval_episodes"), ("run.steps=-1", "run.steps"),
+    ("model.num_bins=1", "model.num_bins"), ("model.actor_min_std=2", "model.actor_min_std"),
+    ("model.action_clip=-1", "model.action_clip"),
 ])
 def test_impossible_values_are_refused_before_anything_runs(override, key):
     with pytest.raises(ConfigError, match=key):
         make_config("default", [override])
+
+
+def test_a_config_yaml_with_an_impossible_value_is_refused_where_it_is_read():
+    import yaml
+    from lucid.config import from_yaml, to_yaml
+    data = yaml.safe_load(to_yaml(make_config("default")))
+    data["train"]["gamma"] = 1.5  # a hand edit of a run's config.yaml
+    with pytest.raises(ConfigError, match=r"train.gamma=1.5.*, in runs/x/config.yaml: fix"):
+        from_yaml(yaml.safe_dump(data), where="runs/x/config.yaml")
 
 
 # --------------------------------------------------------------------------- SIGKILL
