@@ -233,6 +233,17 @@ def test_run_logger_accepts_names_lists_and_none():
         make_config("default", ["run.wandb_mode=sometimes"])
 
 
+def test_tensorboard_false_turns_it_off_whatever_the_backends_say(tmp_path):
+    for flag, backends in ((True, ["tensorboard"]), (False, [])):
+        log = Logger(tmp_path / str(flag), tensorboard=flag, progress=False,
+                     backends="tensorboard")
+        log.metrics({"env_steps": 1, "updates": 1, "world_model/loss": 1.0})
+        log.close()
+        assert log.backends == backends
+        assert (tmp_path / str(flag) / "tb").exists() == flag
+        assert (tmp_path / str(flag) / "metrics.jsonl").exists()
+
+
 def test_missing_wandb_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
     with pytest.raises(ConfigError, match=re.escape("pip install 'lucid-rl[wandb]'")):

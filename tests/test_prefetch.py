@@ -161,6 +161,23 @@ def test_a_sample_waits_for_a_step_being_written():
     assert (x == np.arange(1, 7)).all()  # the sample came after the write: steps 1..6
 
 
+def test_a_reseeded_replay_group_gives_each_part_its_own_stream():
+    """Data-parallel ranks reseed their group: every part draws its windows from a stream of
+    its own (the same seed for all would pick matching windows in each part), the same
+    streams again for the same seed."""
+    parts = [_counter_replay(per_env=32, num_envs=2) for _ in range(3)]
+    group = ReplayGroup(parts, seed=0)
+
+    def draws():
+        return [tuple(p.rng.integers(1 << 62, size=4)) for p in parts]
+
+    group.reseed(np.random.SeedSequence(5).spawn(2)[1])
+    first = draws()
+    assert len(set(first)) == 3
+    group.reseed(np.random.SeedSequence(5).spawn(2)[1])
+    assert draws() == first
+
+
 def test_prefetcher_over_a_replay_group_and_errors_reach_the_learner():
     parts = [_counter_replay(per_env=32, num_envs=2) for _ in range(2)]
     group = ReplayGroup(parts, seed=0)
