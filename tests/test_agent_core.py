@@ -368,6 +368,26 @@ def _np_silu(x):
     return x / (1.0 + np.exp(-x))
 
 
+def _np_mlp(x, p, prefix, layers):  # (Linear, LayerNorm, SiLU) x layers, weights in p
+    for i in range(0, 3 * layers, 3):
+        x = _np_silu(_np_layer_norm(x @ p[f"{prefix}.{i}.weight"].T,
+                                    p[f"{prefix}.{i + 1}.weight"], p[f"{prefix}.{i + 1}.bias"]))
+    return x
+
+
+def _np_channel_norm_silu(y, p, name):  # LayerNorm over the channels of NCHW, then SiLU
+    y = _np_layer_norm(y.transpose(0, 2, 3, 1), p[f"{name}.weight"], p[f"{name}.bias"])
+    return _np_silu(y.transpose(0, 3, 1, 2))
+
+
+def _vary_norms(module):  # LayerNorm scales and shifts away from 1 and 0
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+
+
 def _np_conv_s2(x, w):  # x (N, C, H, W), w (O, C, 4, 4): stride 2, padding 1, no bias
     x = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
     win = np.lib.stride_tricks.sliding_window_view(x, (4, 4), axis=(2, 3))[:, :, ::2, ::2]
@@ -385,25 +405,17 @@ def test_encoder_by_hand_symlog_mlp_and_cnn_of_centred_pixels():
     with torch.no_grad():
         enc.mlp.net[0].weight.mul_(0.01)
         enc.cnn.net[0].weight.mul_(0.01)
-        for m in enc.modules():  # non-trivial norm scales and shifts
-            if isinstance(m, torch.nn.LayerNorm):
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.2, 0.2)
+    _vary_norms(enc)
     g = np.random.default_rng(1)
     img = g.integers(0, 256, (2, 16, 16, 3)).astype(np.uint8)
     vec = (g.normal(size=(2, 3)) * np.array([0.1, 10.0, 300.0])).astype(np.float32)
     got = t2n(enc({"cam": torch.from_numpy(img), "vec": torch.from_numpy(vec)}))
     p = {n: t2n(v).astype(np.float64) for n, v in enc.named_parameters()}
-    x = np_symlog(vec.astype(np.float64))
-    for i in range(0, len(enc.mlp.net), 3):
-        x = _np_silu(_np_layer_norm(x @ p[f"mlp.net.{i}.weight"].T, p[f"mlp.net.{i + 1}.weight"],
-                                    p[f"mlp.net.{i + 1}.bias"]))
+    x = _np_mlp(np_symlog(vec.astype(np.float64)), p, "mlp.net", len(enc.mlp.net) // 3)
     y = img.astype(np.float64).transpose(0, 3, 1, 2) / 255.0 - 0.5
     for i in range(0, len(enc.cnn.net), 3):
-        y = _np_conv_s2(y, p[f"cnn.net.{i}.weight"])
-        n = f"cnn.net.{i + 1}.norm"
-        y = _np_silu(_np_layer_norm(y.transpose(0, 2, 3, 1), p[f"{n}.weight"],
-                                    p[f"{n}.bias"]).transpose(0, 3, 1, 2))
+        y = _np_channel_norm_silu(_np_conv_s2(y, p[f"cnn.net.{i}.weight"]), p,
+                                  f"cnn.net.{i + 1}.norm")
     want = np.concatenate([x, y.reshape(2, -1)], -1)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
 
@@ -427,32 +439,23 @@ def test_decoder_by_hand_mlp_for_vectors_and_transposed_cnn_for_images():
     from lucid.world_model import Decoder
     spec = ObsSpec(images={"cam": (16, 16, 3), "depth": (16, 16, 1)}, vectors={"a": 2, "b": 3})
     dec = Decoder(spec, 20, cfg("nano").model.dims())
-    with torch.no_grad():
-        for m in dec.modules():  # non-trivial norm scales and shifts, and output biases
-            if isinstance(m, torch.nn.LayerNorm):
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.2, 0.2)
+    _vary_norms(dec)
+    with torch.no_grad():  # output biases away from 0
         dec.mlp.out.bias.uniform_(-1, 1)
         dec.cnn.net[-1].bias.uniform_(-1, 1)
         dec.cnn.linear.bias.uniform_(-1, 1)
     feat = np.random.default_rng(2).normal(size=(2, 3, 20)).astype(np.float32)
     got = {k: t2n(v) for k, v in dec(torch.from_numpy(feat)).items()}
     p = {n: t2n(v).astype(np.float64) for n, v in dec.named_parameters()}
-    x = feat.astype(np.float64)
-    for i in range(0, len(dec.mlp.mlp.net), 3):
-        n = f"mlp.mlp.net.{i + 1}"
-        x = _np_silu(_np_layer_norm(x @ p[f"mlp.mlp.net.{i}.weight"].T, p[f"{n}.weight"],
-                                    p[f"{n}.bias"]))
+    x = _np_mlp(feat.astype(np.float64), p, "mlp.mlp.net", len(dec.mlp.mlp.net) // 3)
     x = x @ p["mlp.out.weight"].T + p["mlp.out.bias"]
     y = feat.reshape(6, 20).astype(np.float64) @ p["cnn.linear.weight"].T + p["cnn.linear.bias"]
     y = y.reshape(6, *dec.cnn.shape)
     assert dec.cnn.shape[1:] == (1, 1)  # 16x16 images: a 1x1 map, doubled 4 times
     last = len(dec.cnn.net) - 1
     for i in range(0, last, 3):
-        y = _np_conv_t_s2(y, p[f"cnn.net.{i}.weight"])
-        n = f"cnn.net.{i + 1}.norm"
-        y = _np_silu(_np_layer_norm(y.transpose(0, 2, 3, 1), p[f"{n}.weight"],
-                                    p[f"{n}.bias"]).transpose(0, 3, 1, 2))
+        y = _np_channel_norm_silu(_np_conv_t_s2(y, p[f"cnn.net.{i}.weight"]), p,
+                                  f"cnn.net.{i + 1}.norm")
     y = _np_conv_t_s2(y, p[f"cnn.net.{last}.weight"], p[f"cnn.net.{last}.bias"])
     y = y.reshape(2, 3, 4, 16, 16)
     want = {"a": x[..., :2], "b": x[..., 2:], "cam": y[:, :, :3], "depth": y[:, :, 3:]}

@@ -121,19 +121,24 @@ def _collect(env_fns, steps):
     return records
 
 
-@pytest.mark.parametrize("policy", ["random", "agent"])
-def test_a_records_action_is_the_one_taken_after_its_observation(policy):
-    """record[t]["action"] is the action chosen on seeing obs[t]: the env echoes it in
-    obs[t+1] and pays 10x it as reward[t+1] (the data convention of docs/algorithm.md)."""
+def _echo_specs_and_agent():
+    """EchoEnv's observation and action specs, and a nano agent for them (seed 0)."""
     from lucid.agent import Agent
     from lucid.config import make_config
     probe = EchoEnv()
     obs_spec = ObsSpec.from_space(probe.observation_space)
     act_spec = ActionSpec.from_space(probe.action_space)
-    agent = None
-    if policy == "agent":
-        torch.manual_seed(0)
-        agent = Agent(obs_spec, act_spec, make_config("default", model={"size": "nano"}))
+    torch.manual_seed(0)
+    return obs_spec, act_spec, Agent(obs_spec, act_spec,
+                                     make_config("default", model={"size": "nano"}))
+
+
+@pytest.mark.parametrize("policy", ["random", "agent"])
+def test_a_records_action_is_the_one_taken_after_its_observation(policy):
+    """record[t]["action"] is the action chosen on seeing obs[t]: the env echoes it in
+    obs[t+1] and pays 10x it as reward[t+1] (the data convention of docs/algorithm.md)."""
+    obs_spec, act_spec, agent = _echo_specs_and_agent()
+    agent = agent if policy == "agent" else None
     col = Collector([EchoEnv, EchoEnv], obs_spec, act_spec, seed=3)
     recs = [col.step(agent)[0] for _ in range(40)]
     col.close()
@@ -153,12 +158,7 @@ def test_a_records_action_is_the_one_taken_after_its_observation(policy):
 def test_the_policy_is_told_which_envs_start_an_episode():
     """Each step hands the agent that step's is_first, so that its state starts again in
     the envs that just reset (one env's reset while the other carries on included)."""
-    from lucid.agent import Agent
-    from lucid.config import make_config
-    obs_spec = ObsSpec.from_space(EchoEnv().observation_space)
-    act_spec = ActionSpec.from_space(EchoEnv().action_space)
-    torch.manual_seed(0)
-    agent = Agent(obs_spec, act_spec, make_config("default", model={"size": "nano"}))
+    obs_spec, act_spec, agent = _echo_specs_and_agent()
     real, seen = agent.policy, []
 
     def policy(obs, state, explore, is_first):
