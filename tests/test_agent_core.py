@@ -875,6 +875,9 @@ def test_each_loss_reaches_only_its_component(act, replay_value):
         h.remove()
     assert counts and all(c == 1 for c in counts.values()), {k: c for k, c in counts.items()
                                                               if c != 1}
+    # the slow critic stays out of autograd (freezing the critic for the actor's loss
+    # restores the flags as they were)
+    assert all(not p.requires_grad and p.grad is None for p in agent.critic.slow.parameters())
 
 
 def test_reinforce_loss_sees_the_distributions_that_chose_the_actions(monkeypatch):
@@ -908,6 +911,69 @@ def test_reinforce_loss_sees_the_distributions_that_chose_the_actions(monkeypatc
         assert torch.equal(seen["action"][t], action)
         chosen = (seen["params"][0][t] * action).sum(-1)  # log-prob of the drawn action
         assert torch.isfinite(chosen).all() and (chosen <= 0).all()
+
+
+def test_a_nonfinite_loss_skips_the_step_even_where_its_gradients_are_finite():
+    """A step is skipped when the loss is non-finite, not only when its gradient is: here a
+    term without gradient (+inf, or NaN) makes the actor's loss non-finite while every
+    gradient stays finite. The skipped step leaves parameters and Adam's step count as they
+    were; the same loss without that term takes the step (so the check can fail)."""
+    agent = make_agent(DISCRETE, seed=1)
+    opt, params = agent.opt_actor, list(agent.actor.parameters())
+    for bad in (float("inf"), float("nan")):
+        before = [p.detach().clone() for p in params]
+        loss = sum((p.float() ** 2).sum() for p in params) + torch.tensor(bad)
+        norm, ok = agent._step(opt, loss, agent.actor.parameters(), 100.0)
+        assert torch.isfinite(norm) and norm > 0 and not ok
+        assert all(torch.equal(a, p) for a, p in zip(before, params))
+        assert all(float(opt.state[p]["step"]) == 0 for p in params if p in opt.state)
+    loss = sum((p.float() ** 2).sum() for p in params)
+    norm, ok = agent._step(opt, loss, agent.actor.parameters(), 100.0)
+    assert ok and all(float(opt.state[p]["step"]) == 1 for p in params)
+    assert any(not torch.equal(a, p) for a, p in zip(before, params))
+
+
+def test_a_nan_reward_with_the_replay_value_loss_skips_the_model_and_critic_steps_only():
+    """With the replay value loss (Nature recipe) a NaN reward poisons two losses: the world
+    model's (reward head) and the critic's (the replayed λ-returns read the rewards). Both
+    steps are skipped and counted, the critic's slow copy stays where it was too, while the
+    actor, which learns in imagination from the (reward-free) posterior states, still steps."""
+    agent = make_agent(DISCRETE, seed=2, model_lr=1e-3, actor_lr=1e-3, critic_lr=1e-3,
+                       replay_value_scale=0.3)
+    randomise_heads(agent)
+    with torch.no_grad():  # a slow copy unlike the fast critic: an EMA step would move it
+        for s in agent.critic.slow.parameters():
+            s.add_(0.1)
+    batch = random_batch(DISCRETE, seed=8)
+    batch["reward"][1, 3] = float("nan")
+    before = snapshot(agent)
+    metrics = agent.train(batch)
+    assert metrics["train/nonfinite_steps"] == 2
+    assert not np.isfinite(metrics["critic/replay_loss"])
+    diff = changed(before, snapshot(agent))
+    assert not any(diff["wm"]) and not any(diff["critic"]) and not any(diff["slow"])
+    assert any(diff["actor"])
+
+
+def test_data_parallel_learners_decide_a_step_on_the_loss_averaged_over_the_ranks():
+    """With data-parallel learners `grad_sync` (lucid.distributed) averages the gradients and
+    the loss over the ranks and returns that loss: every rank decides on it, so a rank whose
+    own loss is finite skips the step with the others when another rank's was not, and the
+    ranks' parameters stay identical. Here a stand-in for a second rank averages this rank's
+    loss with that rank's (the gradients, the same on both ranks, stay as they are)."""
+    agent = make_agent(DISCRETE, seed=1)
+    opt, params = agent.opt_actor, list(agent.actor.parameters())
+    other = {"loss": torch.tensor(float("nan"))}
+    agent.grad_sync = lambda params, loss: (loss + other["loss"]) / 2
+    before = [p.detach().clone() for p in params]
+    loss = sum((p.float() ** 2).sum() for p in params)
+    norm, ok = agent._step(opt, loss, agent.actor.parameters(), 100.0)
+    assert torch.isfinite(loss) and torch.isfinite(norm) and not ok
+    assert all(torch.equal(a, p) for a, p in zip(before, params))
+    other["loss"] = torch.tensor(1.0)
+    loss = sum((p.float() ** 2).sum() for p in params)
+    norm, ok = agent._step(opt, loss, agent.actor.parameters(), 100.0)
+    assert ok and any(not torch.equal(a, p) for a, p in zip(before, params))
 
 
 @pytest.mark.parametrize("act", [DISCRETE, BOX, MIXED], ids=["discrete", "box", "mixed"])
@@ -1001,6 +1067,23 @@ def test_acting_carries_the_action_taken_into_the_next_step(act):
         torch.testing.assert_close(s2.h[:1], h_init, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(s2.h[1:], agent.wm.sequence(s1.h, s1.z, a1)[1:],
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_acting_without_exploration_takes_the_actors_mode():
+    """policy(explore=False) acts greedily: each action is the argmax of the actor's logits
+    at the state it returns (the latents are still sampled); explore=True samples the
+    action, and differs from the argmax in some of the 64 rows."""
+    agent = make_agent(DISCRETE, seed=7)
+    with torch.no_grad():
+        agent.actor.head.out.weight.normal_(0, 0.3)  # logits that differ between states
+    obs = {"vector": torch.randn(64, 4, generator=torch.Generator().manual_seed(0))}
+    torch.manual_seed(1)
+    for explore in (False, True):
+        action, state = agent.policy(obs, explore=explore)
+        with torch.no_grad():
+            logits = agent.actor.params(agent.wm.feat(state.h, state.z))[0]
+        greedy = torch.nn.functional.one_hot(logits.argmax(-1), 2).float()
+        assert torch.equal(action, greedy) == (not explore), explore
 
 
 # --------------------------------------------------------------------------- sizes

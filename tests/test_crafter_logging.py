@@ -57,6 +57,11 @@ def test_tracker_state_survives_a_resume():
     again = AchievementTracker(window=3)
     again.load_state_dict(tracker.state_dict())
     assert again.metrics() == tracker.metrics()
+    for ep in HAND_WORKED[:2]:  # and goes on with the same window of 3 recent episodes
+        tracker.add(ep)
+        again.add(ep)
+    assert again.metrics() == tracker.metrics()
+    assert len(again.recent) == 3
 
 
 class _Ends(gym.Env):

@@ -89,6 +89,8 @@ def test_unknown_names_get_suggestions(monkeypatch):
         make_env("atari:Pong", grey=True)
     with pytest.raises(TypeError, match=r"unknown Crafter option\(s\) \['gray'\]; options: "):
         make_env("crafter", gray=True)
+    with pytest.raises(UnknownEnvError, match="unknown Crafter variant 'rewards'"):
+        make_env("crafter:rewards")
     # another version of the same gymnasium env first (not tabular/CliffWalking-v0)
     with pytest.raises(UnknownEnvError, match=r"did you mean CliffWalking-v1\?"):
         make_env("CliffWalking-v0")
@@ -127,6 +129,21 @@ def test_env_fn_is_picklable_for_async_vector_envs():
     env.close()
 
 
+def test_env_info_takes_one_envs_entries_of_a_vector_info():
+    """A gymnasium vector env's info holds each key as an array over the envs with a `_key`
+    mask of the envs that set it: env i's info holds the keys its mask marks, as Python
+    scalars, nested dicts alike."""
+    from lucid.envs import env_info
+    info = {"score": np.array([1.5, 0.0, 2.0]), "_score": np.array([True, False, True]),
+            "final": {"x": np.array([1, 2, 3]), "_x": np.array([False, True, True])},
+            "_final": np.array([True, True, False])}
+    assert env_info(info, 0) == {"score": 1.5, "final": {}}
+    assert env_info(info, 1) == {"final": {"x": 2}}
+    assert env_info(info, 2) == {"score": 2.0}
+    assert type(env_info(info, 0)["score"]) is float
+    assert type(env_info(info, 1)["final"]["x"]) is int
+
+
 # --------------------------------------------------------------------------- Atari
 
 def test_atari_spaces_and_settings_of_both_benchmarks():
@@ -152,6 +169,27 @@ def test_atari_spaces_and_settings_of_both_benchmarks():
     assert env.observation_space.shape == (64, 64, 1)
     assert env.reset(seed=0)[0].shape == (64, 64, 1)
     env.close()
+
+
+def test_atari_game_names_map_to_the_ale_ids():
+    from lucid.envs.atari import game_id
+    assert game_id("Pong") == game_id("pong") == "ALE/Pong-v5"
+    assert game_id("space_invaders") == game_id("SpaceInvaders") == "ALE/SpaceInvaders-v5"
+    assert game_id("ALE/Breakout-v5") == "ALE/Breakout-v5"
+    env = make_env("atari:space_invaders")
+    assert env.unwrapped.spec.id == "ALE/SpaceInvaders-v5"
+    env.close()
+
+
+def test_an_ale_id_is_made_in_a_process_that_has_not_imported_ale_py():
+    """gymnasium's own `ALE/Pong-v5` needs no `import ale_py` first: make_env registers the
+    ALE's envs (checked in a fresh process, as this one has imported ale_py)."""
+    import subprocess
+    code = ("import sys; from lucid.envs import make_env; assert 'ale_py' not in sys.modules; "
+            "print(*make_env('ALE/Pong-v5').observation_space.shape)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, cwd=REPO)
+    assert r.returncode == 0 and r.stdout.split() == ["210", "160", "3"], r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("gray", [False, True])
@@ -284,6 +322,57 @@ def test_atari_frame_limit_truncates_and_the_last_observation_is_the_final_scree
     env.close()
 
 
+def test_an_episode_that_ends_on_a_steps_first_or_second_frame_shows_its_final_screen():
+    """The frame limit falls on the 1st (101 frames) or the 2nd (102) emulator frame of an
+    agent step, while the paddle and the ball move: the last observation is the final screen
+    alone, not pooled with a frame of the previous agent step."""
+    import ale_py
+    gym.register_envs(ale_py)
+
+    def shrink(frame):
+        return cv2.resize(frame, (64, 64), interpolation=cv2.INTER_AREA)
+
+    for max_frames in (101, 102):
+        raw = gym.make("ALE/Pong-v5", frameskip=1, repeat_action_probability=0.0,
+                       full_action_space=True, max_num_frames_per_episode=max_frames)
+        env = make_env("atari:Pong", max_frames=max_frames, sticky=0.0)
+        env.reset(seed=0)
+        raw.reset(seed=0)
+        frames, t, done = [], 0, False
+        while not done:
+            action = 3 if t % 8 < 4 else 4  # up and down
+            obs, _, term, trunc, _ = env.step(action)
+            done, t = term or trunc, t + 1
+            for _ in range(4):
+                frame, _, raw_term, raw_trunc, _ = raw.step(action)
+                frames.append(frame)
+                if raw_term or raw_trunc:
+                    break
+        assert trunc and len(frames) == max_frames and t == 26
+        assert np.array_equal(obs, shrink(frames[-1]))
+        earlier = frames[-2 - max_frames % 4]  # the previous step's second-to-last frame
+        assert not np.array_equal(shrink(np.maximum(earlier, frames[-1])), obs)
+        env.close()
+        raw.close()
+
+
+def test_atari_life_loss_option_ends_the_episode_where_a_life_is_lost():
+    """life_loss=True: the agent step in which the game takes one of Breakout's 5 lives is a
+    termination (by default, tested above, it ends nothing), and no step before it."""
+    env = make_env("atari:Breakout", sticky=0.0, life_loss=True)
+    env.reset(seed=0)
+    ale = env.unwrapped.ale
+    lives = ale.lives()
+    for _ in range(600):
+        _, _, term, trunc, _ = env.step(1)  # FIRE in place: the ball is soon missed
+        if ale.lives() < lives:
+            break
+        assert not (term or trunc)
+    assert ale.lives() == lives - 1 and not ale.game_over()
+    assert term and not trunc
+    env.close()
+
+
 # --------------------------------------------------------------------------- DMC
 
 def test_dmc_proprio_action_repeat_matches_raw_dm_control_and_time_limit():
@@ -369,7 +458,8 @@ def test_dmc_vision_renders_64x64_pixels_headless_like_the_raw_renderer():
     from dm_control import suite
     env = make_env("dmc-vision:cartpole-swingup", fast_render=True)
     assert env.observation_space == gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
-    assert env.unwrapped.dm_env.physics.model.vis.quality.shadowsize == 256
+    quality = env.unwrapped.dm_env.physics.model.vis.quality
+    assert quality.shadowsize == 256 and quality.offsamples == 0  # fast_render
     raw = suite.load("cartpole", "swingup", task_kwargs={"random": 2})
     raw.physics.model.vis.quality.shadowsize = 256
     raw.physics.model.vis.quality.offsamples = 0
@@ -404,6 +494,21 @@ def test_dmc_proprio_renders_the_camera_for_videos():
     env.close()
 
 
+def test_dmc_task_names_and_the_quadrupeds_camera():
+    from lucid.envs.dmc import parse_task
+    assert parse_task("walker-walk") == parse_task("walker_walk") == ("walker", "walk")
+    assert parse_task("cup-catch") == parse_task("ball_in_cup-catch") == ("ball_in_cup", "catch")
+    assert parse_task("pointmass-easy") == ("point_mass", "easy")
+    assert parse_task("cartpole-balance-sparse") == ("cartpole", "balance_sparse")
+    # quadruped: camera 2, as the authors' code does (camera 0 for the others, tested above)
+    env = make_env("dmc-vision:quadruped-walk", fast_render=True)
+    obs, _ = env.reset(seed=1)
+    physics = env.unwrapped.dm_env.physics
+    assert np.array_equal(obs, physics.render(64, 64, camera_id=2))
+    assert not np.array_equal(obs, physics.render(64, 64, camera_id=0))
+    env.close()
+
+
 # --------------------------------------------------------------------------- Crafter
 
 def test_crafter_matches_the_raw_env_with_achievements_and_time_limit():
@@ -426,6 +531,36 @@ def test_crafter_matches_the_raw_env_with_achievements_and_time_limit():
             assert not (term or trunc)
     assert trunc and not term  # the length limit; a death would be a termination
     assert make_env("crafter:noreward").reset(seed=0)[0].shape == (64, 64, 3)
+
+
+def test_crafter_noreward_gives_zero_rewards_and_a_seed_gives_its_world_again():
+    """crafter:noreward: the same steps without rewards; render() (videos) shows the last
+    observation; reset(seed) starts that seed's world again."""
+    env = make_env("crafter", render_mode="rgb_array")
+    quiet = make_env("crafter:noreward")
+    first, _ = env.reset(seed=2)
+    quiet.reset(seed=2)
+    rng = np.random.default_rng(0)
+    rewards, quiet_rewards = [], []
+    for _ in range(60):
+        a = int(rng.integers(17))
+        obs, r, *_ = env.step(a)
+        rewards.append(r)
+        quiet_rewards.append(quiet.step(a)[1])
+    assert any(rewards) and not any(quiet_rewards)  # an achievement's reward in 60 steps
+    assert np.array_equal(env.render(), obs) and not np.array_equal(obs, first)
+    # reset(seed) starts the same world again; the next reset without a seed another one
+    assert np.array_equal(env.reset(seed=2)[0], first)
+    assert not np.array_equal(env.reset()[0], first)
+
+
+def test_crafter_death_is_a_termination():
+    """The player's health reaching 0 ends the episode as a termination (discount 0)."""
+    env = make_env("crafter")
+    env.reset(seed=0)
+    env.unwrapped._env._player.inventory["health"] = 0
+    _, _, term, trunc, info = env.step(0)
+    assert term and not trunc and info["discount"] == 0.0
 
 
 def test_crafter_score_hand_worked():

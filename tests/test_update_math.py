@@ -25,6 +25,7 @@ is -lr g_c / (|g_c| + eps) elementwise for the clipped gradient g_c.
 from __future__ import annotations
 
 import copy
+import math
 
 import gymnasium as gym
 import numpy as np
@@ -346,20 +347,138 @@ def test_replay_critic_loss_by_hand():
     assert feat.grad is None and agent.critic.net.out.weight.grad is not None
 
 
+def test_the_replay_value_loss_of_an_update_and_its_share_of_the_critic_gradient(monkeypatch):
+    """train.replay_value_scale > 0 (the Nature recipe), independent computation from the
+    replayed posterior features, the batch and the imagined λ-returns (numpy loops):
+
+    * ends e_t: is_last, or the next step is_first (a seam without is_last);
+    * bootstrap b_t = the imagined λ-return at step 0 of the imagination from replayed step t;
+    * R_{T-1} = b_{T-1}, R_t = r_{t+1} + γ (1 - term_{t+1}) ((1 - λ'_{t+1}) b_{t+1}
+      + λ' R_{t+1}) with λ'_{t+1} = λ (1 - e_{t+1});
+    * replay loss = mean over B (T-1) of (1 - e_t) (CE(twohot(symlog R_t))
+      + slow_critic_reg CE(twohot(symlog v^slow_t))), the critic at the replayed states;
+
+    the reported replay loss must equal it, and the critic's gradient norm must be that of
+    the imagined critic loss plus replay_value_scale times it (autograd through a copy of
+    the critic toward these numpy targets)."""
+    scale, nb = 0.3, len(BINS)
+    agent = make_agent(DISCRETE, seed=16, replay_value_scale=scale)
+    rec = capture_imagination(agent, monkeypatch)
+    wm_loss = agent.wm.loss
+
+    def record_loss(*args, **kwargs):
+        loss, metrics, out = wm_loss(*args, **kwargs)
+        rec["replay_feat"] = dense(out["feat"]).detach().clone()
+        return loss, metrics, out
+
+    monkeypatch.setattr(agent.wm, "loss", record_loss)
+    batch = make_batch(DISCRETE, seed=9)
+    batch["is_first"][2, 3] = True  # a seam: step 2 ends an episode without is_last
+    torch.manual_seed(7)
+    metrics = agent.train(batch)
+    want = expected_update(rec, batch, DISCRETE)
+    assert_metrics_match(metrics, want)
+
+    B, T = batch["reward"].shape
+    reward, term = t2n(batch["reward"]), t2n(batch["is_terminal"])
+    end = t2n(batch["is_last"])
+    end[:, :-1] = np.maximum(end[:, :-1], t2n(batch["is_first"])[:, 1:])
+    boot = want["_ret"][0].reshape(B, T)
+    rep_ret = np.zeros((B, T - 1))
+    for b in range(B):
+        R = boot[b, T - 1]
+        for t in reversed(range(T - 1)):
+            lam = LAM * (1.0 - end[b, t + 1])
+            R = reward[b, t + 1] + GAMMA * (1.0 - term[b, t + 1]) * (
+                (1.0 - lam) * boot[b, t + 1] + lam * R)
+            rep_ret[b, t] = R
+    # the setup exercises the cases: terminal steps, truncations, the seam
+    assert 0 < term[:, 1:].sum() < end[:, 1:].sum()
+    assert end[2, 2] == 1 and not batch["is_last"][2, 2]
+    critic, slow = rec["nets"]["critic"], rec["nets"]["slow"]
+    feat_rep = rec["replay_feat"][:, :-1]
+    with torch.no_grad():
+        slow_rep = np_twohot_mean(t2n(slow(feat_rep))[..., :nb])
+        slow_im = np_twohot_mean(t2n(slow(rec["feat"][:H]))[..., :nb])
+    w_rep = 1.0 - end[:, :-1]
+    logits = t2n(critic(feat_rep).detach())[..., :nb]
+    r_loss = (w_rep * (np_twohot_ce(logits, rep_ret)
+                       + SLOW_REG * np_twohot_ce(logits, slow_rep))).mean()
+    np.testing.assert_allclose(metrics["critic/replay_loss"], r_loss, rtol=2e-5)
+
+    def ce(x, target):  # cross-entropy of logits x toward the real-space targets' two-hot
+        probs = torch.from_numpy(np_twohot(np_symlog(target)))
+        return -(probs * torch.log_softmax(x[..., :nb].double(), -1)).sum(-1)
+
+    def weighted(x, w, ret, slow_v):
+        return (torch.from_numpy(w) * (ce(x, ret) + SLOW_REG * ce(x, slow_v))).mean()
+
+    total = (weighted(critic(rec["feat"][:H]), want["_weight"], want["_ret"], slow_im)
+             + scale * weighted(critic(feat_rep), w_rep, rep_ret, slow_rep))
+    total.backward()
+    norm = np.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in critic.parameters()))
+    np.testing.assert_allclose(metrics["critic/grad_norm"], norm, rtol=1e-4)
+
+
+def test_a_box_actors_entropy_gradient_holds_the_imagined_states_fixed(monkeypatch):
+    """The actor sees sg(feat): with the reward and critic outputs at their zero
+    initialisation (returns, values and their gradients 0), a Box actor's loss through the
+    dynamics is -mean(w_t η H[π(sg s_t)]), so its gradient is that of the entropy bonus at the
+    imagined states held fixed; none reaches the actor through the states its earlier
+    actions led to. Independent computation: autograd of the closed-form Normal entropy
+    (std = (max - min) sigmoid(x + 2) + min) of a copy of the actor head on the captured
+    states, weighted by the numpy weights."""
+    torch.manual_seed(16)
+    config = make_config(model={"size": "nano"},
+                         train=dict(horizon=H, gamma=GAMMA, lam=LAM, entropy=ETA,
+                                    slow_critic_reg=SLOW_REG))
+    agent = Agent(VEC, BOX, config)  # reward and critic outputs as initialised: zero
+    with torch.no_grad():
+        agent.wm.cont.out.weight.mul_(5.0)  # continue logits of both signs, far from 0
+    rec = capture_imagination(agent, monkeypatch)
+    grads = {}
+    for name, p in agent.actor.head.named_parameters():
+        p.register_post_accumulate_grad_hook(
+            lambda p, name=name: grads.__setitem__(name, p.grad.detach().double().clone()))
+    batch = make_batch(BOX, seed=10)
+    torch.manual_seed(8)
+    metrics = agent.train(batch)
+    want = expected_update(rec, batch, BOX, ema=(0.0, 0.0))
+    assert_metrics_match(metrics, want)
+    assert abs(metrics["critic/return_mean"]) < 1e-4 and abs(metrics["critic/value_mean"]) < 1e-4
+
+    head = rec["nets"]["actor"]
+    std_raw = head(rec["feat"][:H]).double().chunk(2, -1)[1]
+    std = (1.0 - 0.1) * torch.sigmoid(std_raw + 2.0) + 0.1
+    ent = (0.5 * torch.log(2 * math.pi * math.e * std ** 2)).sum(-1)
+    (-(torch.from_numpy(want["_weight"]) * ETA * ent).mean()).backward()
+    assert set(grads) == {n for n, _ in head.named_parameters()}
+    for name, p in head.named_parameters():
+        g = p.grad.double()
+        torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-4 * g.abs().max().item(),
+                                   msg=name)
+
+
 # --------------------------------------------------------------------------- clipping
 
 
 @pytest.mark.parametrize("act", [DISCRETE, BOX], ids=["discrete", "box"])
-def test_each_optimiser_steps_on_the_globally_clipped_gradient(act):
+def test_each_optimiser_steps_on_its_own_globally_clipped_gradient(act):
     """Independent computation: with clips far below the gradients' norms, each component's
     gradient g is recorded as backward accumulates it (before clipping); its global norm
     |g| must be the reported grad_norm, the clipped gradient is g_c = g · clip / (|g| + 1e-6),
     and the first Adam step moves every parameter by exactly -lr g_c / (|g_c| + eps)
-    (m̂ = g_c, v̂ = g_c²). Unclipped, that step would be ≈ -lr sign(g): ten times as large."""
-    clip, lr, eps = 1e-6, 1e-2, 1e-5
-    agent = make_agent(act, seed=14, model_clip=clip, actor_clip=clip, critic_clip=clip,
-                       model_lr=lr, actor_lr=lr, critic_lr=lr,
-                       model_eps=eps, actor_eps=eps, critic_eps=eps)
+    (m̂ = g_c, v̂ = g_c²). Unclipped, that step would be ≈ -lr sign(g): ten times as large.
+    Each component has a clip and an eps of its own (train.model_clip, actor_clip,
+    critic_clip; model_eps, actor_eps, critic_eps), all different, so that one optimiser
+    stepping with another's setting changes its step."""
+    lr = 1e-2
+    clips = {"world_model": 1e-6, "actor": 4e-6, "critic": 2e-6}
+    epss = {"world_model": 1e-5, "actor": 3e-5, "critic": 2e-5}
+    prefix = {"world_model": "model", "actor": "actor", "critic": "critic"}
+    settings = {f"{prefix[g]}_{name}": value[g] for g in prefix
+                for name, value in (("clip", clips), ("eps", epss))}
+    agent = make_agent(act, seed=14, model_lr=lr, actor_lr=lr, critic_lr=lr, **settings)
     groups = {"world_model": agent.wm, "actor": agent.actor, "critic": agent.critic.net}
     grads = {k: {} for k in groups}
     before = {}
@@ -372,6 +491,7 @@ def test_each_optimiser_steps_on_the_globally_clipped_gradient(act):
     metrics = agent.train(make_batch(act, seed=8))
     assert metrics["train/nonfinite_steps"] == 0
     for g, module in groups.items():
+        clip, eps = clips[g], epss[g]
         assert set(grads[g]) == {n for n, _ in module.named_parameters()}
         norm = np.sqrt(sum((x ** 2).sum() for x in grads[g].values()))
         assert norm > 1e3 * clip, g  # the clip is active
