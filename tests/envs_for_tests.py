@@ -71,6 +71,10 @@ class BrokenEnv(CountEnv):
             reward = np.array([reward, reward])
         if self.mistake == "terminated_none":
             term = None
+        if self.mistake == "terminated_two":
+            term = 2  # an int flag other than 0 or 1
+        if self.mistake == "step_shape":
+            obs = np.zeros(3, np.float32)
         return obs, reward, term, trunc, info
 
 
@@ -238,3 +242,20 @@ class AchievingEnv(FallingReturnsEnv):
             info = {"episode_achievements": {"collect_wood": int(self.episode % 2 == 0),
                                              "place_table": int(self.episode % 3 == 0)}}
         return obs, reward, end, truncated, info
+
+
+class SeededReturnEnv(gym.Env):
+    """Episodes of 2 steps whose return is drawn from the env's seeded generator at reset,
+    whatever the actions: episodes from the same seeds have the same returns."""
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.ret = 0, float(self.np_random.integers(1_000_000))
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        end = self.t == 2
+        return np.zeros(1, np.float32), self.ret if end else 0.0, end, False, {}

@@ -199,6 +199,7 @@ def test_a_resumed_run_takes_the_device_asked_for_else_its_own_where_this_machin
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert resumed_device("cuda:1", "auto") == "cuda:1"
+    assert resumed_device("cuda:2", "auto") == "auto"  # past the last of the 2 GPUs
     assert resumed_device("cpu", "auto") == "cpu"  # a CPU run stays on the CPU unless asked
     assert resumed_device("cpu", "cuda") == "cuda"
 

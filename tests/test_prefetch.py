@@ -6,6 +6,7 @@ sample taken while the main thread writes never holds a half-written step."""
 import json
 import math
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -76,6 +77,28 @@ def test_without_prefetch_the_wait_is_logged_too(tmp_path):
         tr.run()
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert any("perf/batch_wait_ms" in r for r in rows)
+
+
+def test_a_prefetching_run_samples_on_its_thread_and_saves_the_state_without_prefetch(tmp_path):
+    """train.prefetch samples on the background thread; the batch drawn ahead when the run
+    ends is not the run's yet: the checkpoint's sampling state is the one after the updates'
+    batches, as a run without prefetching saves it (a resume draws that batch first)."""
+    from lucid.checkpoint import load_latest
+    saved = {}
+    for prefetch in (False, True):
+        run_dir = tmp_path / str(prefetch)
+        cfg = _cfg(run_dir, 64, 48, prefetch=prefetch)
+        cfg.train.prefill = 40  # more steps per env than a window at every draw (with exactly
+        # one window per env, a draw takes nothing from the RNG)
+        with Trainer(cfg) as tr:
+            real, threads = tr.replay.sample, set()
+            tr.replay.sample = lambda *a: (threads.add(threading.current_thread().name),
+                                           real(*a))[1]
+            tr.run()
+        assert tr.counters["updates"] == 8
+        assert threads == ({"lucid-prefetch_0"} if prefetch else {"MainThread"})
+        saved[prefetch] = load_latest(run_dir)[0]["replay_rng"]
+    assert saved[True] == saved[False]
 
 
 def _counter_replay(per_env: int, num_envs: int = 3) -> Replay:

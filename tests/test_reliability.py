@@ -319,6 +319,37 @@ def test_crashing_env_is_restarted_and_training_goes_on(tmp_path, capsys):
     assert rows[-1]["train/env_restarts"] == tr.counters["env_restarts"]
 
 
+def test_a_resumed_run_counts_the_env_restarts_before_it(tmp_path):
+    FlakyEnv.calls = 0
+    cfg = _cfg(tmp_path, env={"id": "test_reliability:make_flaky", "num_envs": 2},
+               train={"prefill": 10**6}, run={"steps": 200})  # random actions: fast steps
+    with Trainer(cfg) as tr:
+        tr.run()
+    before = tr.counters["env_restarts"]
+    assert before >= 4
+    with Trainer(make_config("default", run={"steps": 240}), tmp_path, resume=True) as again:
+        assert again.counters["env_restarts"] == before
+        again.run()
+    assert again.counters["env_restarts"] >= before
+    assert load_latest(tmp_path)[0]["counters"]["env_restarts"] == again.counters["env_restarts"]
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert rows[-1]["train/env_restarts"] == again.counters["env_restarts"]
+
+
+def test_a_resumed_run_steps_its_envs_from_other_seeds_than_its_start(tmp_path):
+    """The collector's seed moves on with the counters: a resume's envs start elsewhere (and
+    its random actions differ) rather than replaying the run's first episodes."""
+    cfg = _cfg(tmp_path, env={"num_envs": 2}, train={"prefill": 10**6}, run={"steps": 40})
+    with Trainer(cfg) as tr:
+        tr.run()
+    with Trainer(make_config("default", run={"steps": 60}), tmp_path, resume=True) as again:
+        again.run()
+    s = _stored(again.replay)
+    assert s["is_first"][:, 0].all() and s["is_first"][:, 20].all()  # 40 env steps: 20 each
+    assert not np.array_equal(s["obs/vector"][:, 0], s["obs/vector"][:, 20])
+    assert not np.array_equal(s["action"][:, 1:10], s["action"][:, 21:30])
+
+
 def test_env_that_keeps_crashing_stops_the_run_with_a_clear_error(tmp_path):
     cfg = _cfg(tmp_path, env={"id": "test_reliability:make_broken", "max_restarts": 3})
     tr = Trainer(cfg)
@@ -399,6 +430,23 @@ def test_a_nan_observation_stops_the_run_with_a_checkpoint_to_resume_from(tmp_pa
     assert again.counters["env_steps"] == 60
 
 
+def test_train_releases_the_run_directory_when_the_run_fails(tmp_path):
+    """lucid.train.train closes its Trainer also when the run raises: the run resumes in the
+    same process while the error (and its traceback) is still at hand."""
+    from lucid.train import train
+    cfg = _cfg(tmp_path, env={"id": "test_reliability:make_nan"}, train={"prefill": 10**6},
+               run={"steps": 60})
+    NaNEnv.broken = True
+    try:
+        with pytest.raises(EnvError, match="NaN") as err:
+            train(cfg)
+    finally:
+        NaNEnv.broken = False
+    again = Trainer(make_config("default", run={"steps": 40}), tmp_path, resume=True)
+    again.close()
+    assert again.counters["env_steps"] == 30 and err.value.__traceback__ is not None
+
+
 def test_an_env_without_render_mode_names_what_videos_need():
     from lucid.envs import make_env
     make_env("test_reliability:FlakyEnv").close()  # training needs no render_mode
@@ -413,6 +461,9 @@ def test_an_env_without_render_mode_names_what_videos_need():
     ("four_tuple", r"step\(\) returned tuple of 4"),
     ("vector_reward", "returned the reward array.*it must be one number"),
     ("terminated_none", "terminated=None.*must be bools"),
+    ("terminated_two", "terminated=2, truncated=False; both must be bools"),
+    ("step_shape", r"observation after step\(\) does not fit its observation_space.*shape "
+                   r"\(3,\), expected \(2,\)"),
 ])
 def test_a_custom_envs_mistakes_are_named_before_anything_is_written(tmp_path, mistake, message):
     cfg = _cfg(tmp_path / "run", env={"id": "envs_for_tests:BrokenEnv",
@@ -514,6 +565,11 @@ def test_a_resume_with_another_train_ratio_goes_on_from_the_updates_done(tmp_pat
     assert third.updates_due() == third.counters["updates"]  # the offset is saved
     assert "train ratio changed" not in capsys.readouterr().out
     third.close()
+    path.write_text(path.read_text().replace("train_ratio: 64", "train_ratio: 32"))
+    fourth = Trainer(make_config("default", run={"steps": 70}), tmp_path, resume=True)
+    assert fourth.updates_due() == fourth.counters["updates"]  # a second change: the same
+    assert "train ratio changed on resume (train_ratio 64 -> 32" in capsys.readouterr().out
+    fourth.close()
 
 
 def test_a_replay_too_small_for_one_window_is_refused_before_the_run(tmp_path):
@@ -662,6 +718,30 @@ def test_one_training_process_per_run_directory_and_loading_one_changes_nothing(
     again.run()
     again.close()
     assert again.counters["env_steps"] == 60
+
+
+def test_loading_a_run_to_evaluate_sets_nothing_aside(tmp_path):
+    """learn=False (eval, dream; maybe while the run trains): a corrupt newest checkpoint
+    and replay chunk are skipped, not renamed, and a chunk being written (.tmp) stays, also
+    where config.yaml is empty and the config comes from the checkpoint."""
+    with Trainer(_cfg(tmp_path, train={"prefill": 10**6, "replay_chunk": 8},
+                      run={"steps": 30})) as tr:
+        tr.run()
+    good = list_checkpoints(tmp_path)[-1]
+    (good.parent / "ckpt-000000999.pt").write_bytes(good.read_bytes()[:100])  # cut short
+    (tmp_path / "replay" / "chunk-000000900-000000908.npz").write_bytes(b"torn")
+    (tmp_path / "replay" / "chunk-000000015-000000020.npz.tmp").write_bytes(b"in flight")
+    files = lambda: {p: p.read_bytes() for p in tmp_path.rglob("*")  # noqa: E731
+                     if p.is_file() and p.name != ".lock"}
+    before = files()
+    for config in (before[tmp_path / "config.yaml"], b""):
+        (tmp_path / "config.yaml").write_bytes(config)
+        with pytest.warns(UserWarning, match="ckpt-000000999.pt"):
+            view = Trainer(make_config("default", run={"steps": 0}), tmp_path, resume=True,
+                           learn=False)
+        view.close()
+        assert view.counters["env_steps"] == 30 and len(view.replay) == 30
+        assert files() == {**before, tmp_path / "config.yaml": config}
 
 
 def test_resume_sets_aside_a_corrupt_checkpoint_and_drops_logs_past_the_checkpoint(tmp_path):
@@ -961,3 +1041,13 @@ def test_training_with_a_memory_mapped_replay_runs_and_resumes(tmp_path):
     again.run()
     again.close()
     assert again.counters["env_steps"] == 80 and again.counters["updates"] > tr.counters["updates"]
+
+
+def test_empty_files_of_a_start_that_wrote_nothing_do_not_hold_a_run(tmp_path):
+    """A directory whose run files are empty (a start killed before its first row) holds no
+    run: a new run may start there."""
+    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / "episodes.jsonl").write_text("")
+    (tmp_path / "replay").mkdir()
+    Trainer(_cfg(tmp_path)).close()
+    assert (tmp_path / "config.yaml").is_file()

@@ -1,6 +1,7 @@
 import json
 import math
 import random
+import time
 
 import numpy as np
 import pytest
@@ -191,3 +192,176 @@ def test_a_run_learns_on_a_thread_other_than_the_main_one(tmp_path):
     assert "error" not in out, out.get("error")
     assert out["counters"]["env_steps"] == 60 and out["counters"]["updates"] > 0
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_resume_refuses_a_config_yaml_that_changed_what_the_checkpoint_was_made_for(tmp_path):
+    """config.yaml edited before a resume: env.num_envs (the replay's streams) and the model
+    are named and refused before anything is written; the runner counts of a local run shape
+    nothing and are taken."""
+    with Trainer(_cfg(tmp_path, run={"steps": 4})) as tr:  # random actions: a checkpoint
+        tr.run()
+    path = tmp_path / "config.yaml"
+    saved = path.read_text()
+
+    def edited(*pairs):
+        text = saved
+        for old, new in pairs:
+            assert text.count(old) == 1, old
+            text = text.replace(old, new)
+        path.write_text(text)
+
+    edited(("num_envs: 2", "num_envs: 3"), ("size: nano", "size: micro"))
+    with pytest.raises(ConfigError, match=r"env.num_envs: 2 in the checkpoint, 3 in config.yaml; "
+                                          r"model.size: 'nano' in the checkpoint, 'micro' in "
+                                          r"config.yaml\. Put those values back"):
+        Trainer(make_config("default", run={"steps": 8}), tmp_path, resume=True)
+    edited(("num_runners: 2", "num_runners: 5"), ("envs_per_runner: 1", "envs_per_runner: 3"))
+    with Trainer(make_config("default", run={"steps": 8}), tmp_path, resume=True) as again:
+        again.run()
+    assert again.counters["env_steps"] == 8
+
+
+def test_a_run_within_the_prefill_says_it_makes_no_update(tmp_path, capsys):
+    """run.steps <= train.prefill: all random actions, said before the run; one step more
+    than the prefill is an update's worth of steps, and nothing is said."""
+    with Trainer(_cfg(tmp_path / "a", run={"steps": 20})) as tr:  # prefill 20
+        tr.run()
+    assert "note: run.steps=20 ends within the 20 random-action steps of train.prefill" \
+        in capsys.readouterr().out and tr.counters["updates"] == 0
+    with Trainer(_cfg(tmp_path / "b", train={"batch_size": 2, "batch_length": 8,
+                                             "train_ratio": 16}, run={"steps": 22})) as tr:
+        tr.run()
+    assert "random-action steps" not in capsys.readouterr().out and tr.counters["updates"] == 2
+
+
+def test_checkpoint_every_counts_env_steps_from_the_last_checkpoint(tmp_path):
+    """run.checkpoint_every=20 (2 envs): checkpoints at 20, 40 and 60 env steps, then the
+    end's; a resume at 60 counts from there (the next at 80, not at once)."""
+    def saving(tr):
+        real, at = tr.save, []
+        tr.save = lambda: (at.append(tr.counters["env_steps"]), real())[1]
+        return at
+
+    cfg = _cfg(tmp_path, train={"prefill": 10**6}, run={"checkpoint_every": 20})  # fast steps
+    with Trainer(cfg) as tr:
+        at = saving(tr)
+        tr.run()
+    assert at == [20, 40, 60, 60]
+    with Trainer(make_config("default", run={"steps": 90}), tmp_path, resume=True) as again:
+        at = saving(again)
+        again.run()
+    assert at == [80, 90]
+
+
+def test_each_metric_row_covers_the_updates_and_time_since_the_row_before(tmp_path):
+    """log_every=0: a row after every env step. Each one's metrics are the mean over the
+    updates since the previous row (none: no such keys), its rates count the env steps and
+    updates since then over the same interval, and wall_time is the run's time so far."""
+    cfg = _cfg(tmp_path, train={"batch_size": 2, "batch_length": 8, "train_ratio": 4},
+               run={"steps": 40, "logger": "none"})  # an update every other step after prefill
+    tr = Trainer(cfg)
+    real, count = tr.agent.train_step, iter(range(10_000))
+
+    def numbered(batch):  # update i reports a world-model loss of i, and takes 20 ms at least
+        m = real(batch)
+        m["world_model/loss"] = torch.tensor(float(next(count)))
+        time.sleep(0.02)
+        return m
+
+    tr.agent.train_step = numbered
+    with tr:
+        tr.run()
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["env_steps"] for r in rows] == list(range(2, 42, 2)) and rows[-1]["updates"] == 5
+    before = {"env_steps": 0, "updates": 0, "wall_time": 0.0}
+    for row in rows:
+        new = row["updates"] - before["updates"]
+        if new:
+            assert row["world_model/loss"] == pytest.approx(np.mean(range(before["updates"],
+                                                                          row["updates"])))
+        else:
+            assert "world_model/loss" not in row and row["perf/updates_per_s"] == 0
+        env_rate, update_rate = row["perf/env_steps_per_s"], row["perf/updates_per_s"]
+        assert env_rate * new == pytest.approx(update_rate * (row["env_steps"]
+                                                              - before["env_steps"]))
+        assert row["wall_time"] >= max(before["wall_time"], 0.02 * row["updates"] - 0.01)
+        before = row
+
+
+def test_each_evaluation_starts_its_episodes_from_seeds_of_its_own(tmp_path):
+    """run.eval_every: the evaluation at N env steps seeds its envs from run.seed + 10000 + N,
+    so two evaluations play different episodes, not the same ones again (the env's returns
+    come from its seed alone), and a run evaluates as the same run did before."""
+    def eval_returns(run_dir):
+        cfg = _cfg(run_dir, env={"id": "envs_for_tests:SeededReturnEnv"},
+                   train={"prefill": 10**6},
+                   run={"steps": 40, "eval_every": 20, "eval_episodes": 2, "logger": "none"})
+        with Trainer(cfg) as tr:
+            tr.run()
+        rows = [json.loads(line) for line in open(run_dir / "episodes.jsonl")]
+        return {(s, p): [r["return"] for r in rows if r["eval"] and r["policy"] == p
+                         and r["env_steps"] == s] for s in (20, 40) for p in ("greedy", "sampled")}
+
+    first = eval_returns(tmp_path / "a")
+    assert all(len(rets) == 2 for rets in first.values()), first
+    assert first[20, "greedy"] != first[40, "greedy"]
+    assert eval_returns(tmp_path / "b") == first
+
+
+def test_a_resumed_trainer_run_twice_keeps_the_rows_of_its_first_run(tmp_path):
+    """A resume drops the rows a killed run logged past its checkpoint once, at its first
+    run(); a second run() (Dreamer.learn again) keeps what the first one logged."""
+    cfg = _cfg(tmp_path, env={"id": "envs_for_tests:CountEnv"}, train={"prefill": 10**6},
+               run={"steps": 20})  # episodes of 3 steps
+    with Trainer(cfg) as tr:
+        tr.run()
+    with Trainer(make_config("default", run={"steps": 30}), tmp_path, resume=True) as again:
+        again.run()
+        again.cfg.run.steps = 40
+        again.run()
+    for name in ("metrics.jsonl", "episodes.jsonl"):
+        steps = [json.loads(line)["env_steps"] for line in open(tmp_path / name)]
+        assert steps == sorted(steps) and any(20 < s <= 30 for s in steps), (name, steps)
+    steps = [json.loads(line)["env_steps"] for line in open(tmp_path / "metrics.jsonl")]
+    assert steps == list(range(2, 42, 2))
+
+
+def test_checkpoint_minutes_and_the_time_limit_are_minutes(tmp_path):
+    """run.time_limit=3/60: a session of 3 seconds (not 3 minutes, nor 4.5 seconds: the
+    bound leaves 1.4 s for the last step on a loaded machine); run.checkpoint_minutes=1 over
+    it: no checkpoint but the end's."""
+    tr = Trainer(_cfg(tmp_path, train={"prefill": 10**6},  # random actions only: fast steps
+                      run={"steps": 10**6, "time_limit": 3 / 60, "checkpoint_minutes": 1}))
+    real, at = tr.save, []
+    tr.save = lambda: (at.append(tr.counters["env_steps"]), real())[1]
+    with tr:
+        tr.run()
+    assert len(at) == 1 and at[0] == tr.counters["env_steps"] > 0
+    assert 3 <= tr.counters["wall_time"] < 4.4 and "time_limit" in tr.stop_reason
+
+
+def test_a_replay_that_holds_exactly_one_window_per_env_trains(tmp_path):
+    """train.replay_capacity = batch_length x num_envs: one window per env stream, enough."""
+    cfg = _cfg(tmp_path, train={"batch_size": 2, "batch_length": 8, "train_ratio": 16,
+                                "replay_capacity": 16}, run={"steps": 24})
+    with Trainer(cfg) as tr:
+        tr.run()
+    assert tr.replay.per_env == 8 and tr.counters["updates"] == 4
+
+
+def test_a_callback_returning_none_goes_on_and_a_resume_takes_only_run_settings(tmp_path):
+    """callback(info) -> None after each episode: the run goes on to run.steps. A resume
+    takes the RESUME_SETTABLE keys it is given, and refuses any other by name."""
+    cfg = _cfg(tmp_path, env={"id": "envs_for_tests:CountEnv"}, train={"prefill": 10**6},
+               run={"steps": 30})  # episodes of 3 steps
+    seen = []
+    with Trainer(cfg) as tr:
+        tr.run(callback=lambda info: seen.append(info["episodes"]))
+    assert tr.counters["env_steps"] == 30 and len(seen) == tr.counters["episodes"] >= 5
+    with pytest.raises(ConfigError, match="train.train_ratio cannot be changed on resume"):
+        Trainer(make_config("default", train={"train_ratio": 64}), tmp_path, resume=True,
+                settings=("train.train_ratio",))
+    again = Trainer(make_config("default", run={"steps": 0, "eval_episodes": 7}), tmp_path,
+                    resume=True, settings=("run.eval_episodes",))
+    again.close()
+    assert again.cfg.run.eval_episodes == 7 and again.cfg.train.train_ratio == 512
