@@ -687,3 +687,32 @@ def test_report_renders_in_headless_chromium(runs, tmp_path):
     assert done.returncode == 0, done.stderr
     dom = done.stdout
     assert 'id="learning-curve"' in dom and "<video" in dom
+
+
+def test_periodic_videos_fall_every_video_every_steps_and_the_end_does_not_repeat_them(
+        tmp_path, capsys):
+    """run.video_every=20 over 60 env steps with the end-of-run videos asked for: an
+    evaluation video and a dream at 20, 40 and 60 env steps, each once (files and
+    TensorBoard), none in between, and the end of the run, at a step that already has its
+    videos, makes no more; a resume to 70 then makes the end's at 70."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    run_dir = tmp_path / "run"
+    cfg = make_config("cpu-control", [
+        "model.size=nano", "train.prefill=1000", "run.steps=60", "run.video_every=20",
+        "run.progress=false", f"run.run_dir={run_dir}"])  # random actions: fast steps
+    with Trainer(cfg) as tr:
+        tr.run(end_videos=True)
+    names = sorted(p.name for p in (run_dir / "videos").glob("eval-*.mp4"))
+    assert names == [f"eval-{s:09d}.mp4" for s in (20, 40, 60)], names
+    assert "end-of-run videos" not in capsys.readouterr().out
+
+    def video_steps():
+        acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0})
+        acc.Reload()
+        return [e.step for e in acc.Images("eval/video")]
+
+    assert video_steps() == [20, 40, 60]
+    with Trainer(make_config("default", run={"steps": 70}), run_dir, resume=True) as again:
+        again.run(end_videos=True)
+    assert "writing the end-of-run videos" in capsys.readouterr().out
+    assert video_steps() == [20, 40, 60, 70]
