@@ -709,6 +709,7 @@ class Trainer:
         cfg, c = self.cfg, self.counters
         now = time.time()
         c["wall_time"] = now - s.start
+        c["env_restarts"] = self.collector.restarts + self._restarts_before  # for the row
         if now - s.last_log >= cfg.run.log_every:
             self._log_row(s, now)
         if s.next_eval is not None and c["env_steps"] >= s.next_eval and self.rank == 0:
@@ -717,7 +718,6 @@ class Trainer:
         if s.next_video is not None and c["env_steps"] >= s.next_video and self.rank == 0:
             self._videos(s.logger)
             s.next_video += cfg.run.video_every
-        c["env_restarts"] = self.collector.restarts + self._restarts_before
         every = cfg.run.checkpoint_every
         if (now - s.last_ckpt >= cfg.run.checkpoint_minutes * 60
                 or (every and c["env_steps"] - s.last_ckpt_steps >= every)):

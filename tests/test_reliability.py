@@ -310,13 +310,22 @@ def test_crashing_env_is_restarted_and_training_goes_on(tmp_path, capsys):
     cfg = _cfg(tmp_path, env={"id": "test_reliability:make_flaky", "num_envs": 2},
                run={"steps": 200})
     tr = Trainer(cfg)
-    tr.run()
-    tr.close()
+    real, seen = tr._log_row, []
+
+    def log_row(s, now):  # the restarts done by the time of each row (run.log_every=0)
+        seen.append(tr.collector.restarts)
+        real(s, now)
+
+    tr._log_row = log_row
+    with tr:
+        tr.run()
     assert tr.counters["env_steps"] == 200 and tr.counters["updates"] > 0
     assert tr.counters["env_restarts"] >= 4
     assert "restarting it" in capsys.readouterr().out
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert rows[-1]["train/env_restarts"] == tr.counters["env_restarts"]
+    # each row counts the restarts up to its own step, not those up to the row before
+    assert [r["train/env_restarts"] for r in rows[:len(seen)]] == seen and seen[-1] >= 4
 
 
 def test_a_resumed_run_counts_the_env_restarts_before_it(tmp_path):
