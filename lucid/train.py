@@ -514,25 +514,29 @@ class Trainer:
         return self.cfg.train.batch_size * self.cfg.train.batch_length * world
 
     def _schedule(self) -> dict:
-        return {"train_ratio": self.cfg.train.train_ratio,
+        return {"train_ratio": self.cfg.train.train_ratio, "prefill": self.cfg.train.prefill,
                 "replayed_per_update": self._replayed_per_update(), "offset": self._offset}
 
     def _resume_schedule(self, saved: dict | None) -> None:
-        """A resume that changed train.train_ratio, the batch or the number of data-parallel
-        learners continues the updates at the new ratio from the updates done, not as if
-        the whole run had had it (a burst of updates without new data, or none for long)."""
+        """A resume that changed train.train_ratio, train.prefill, the batch or the number of
+        data-parallel learners continues the updates at the new ratio from the updates done,
+        not as if the whole run had had it (a burst of updates without new data, or none
+        for long)."""
         self._offset = saved["offset"] if saved else 0
         now = self._schedule()
-        if saved is None or all(saved[k] == now[k] for k in ("train_ratio",
-                                                               "replayed_per_update")):
+        keys = ("train_ratio", "prefill", "replayed_per_update")
+        # checkpoints before 2026-12-03 did not save the prefill: taken as unchanged
+        if saved is None or all(saved.get(k, now[k]) == now[k] for k in keys):
             return
         self._offset = 0
         self._offset = self.counters["updates"] - self.updates_due()
         if self.rank == 0 and self._learn:
-            print(f"note: the train ratio changed on resume (train_ratio "
-                  f"{saved['train_ratio']:g} -> {now['train_ratio']:g}, replayed steps per "
-                  f"update {saved['replayed_per_update']} -> {now['replayed_per_update']}); "
-                  f"updates go on at the new ratio from {self.counters['updates']:,}")
+            print(f"note: the train schedule changed on resume (train_ratio "
+                  f"{saved['train_ratio']:g} -> {now['train_ratio']:g}, prefill "
+                  f"{saved.get('prefill', now['prefill'])} -> {now['prefill']}, replayed "
+                  f"steps per update {saved['replayed_per_update']} -> "
+                  f"{now['replayed_per_update']}); updates go on at the new ratio from "
+                  f"{self.counters['updates']:,}")
 
     def _can_sample(self) -> bool:
         """Whether the replay holds a window, on every data-parallel rank (an update is

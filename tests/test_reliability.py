@@ -566,18 +566,18 @@ def test_a_resume_with_another_train_ratio_goes_on_from_the_updates_done(tmp_pat
     path.write_text(text)
     again = Trainer(make_config("default", run={"steps": 70}), tmp_path, resume=True)
     assert again.updates_due() == done  # not (60 - 20) * 64 / 16 = 160
-    assert "train ratio changed on resume (train_ratio 16 -> 64" in capsys.readouterr().out
+    assert "train schedule changed on resume (train_ratio 16 -> 64" in capsys.readouterr().out
     again.run()
     again.close()
     assert again.counters["updates"] == done + (70 - 60) * 64 // 16
     third = Trainer(make_config("default", run={"steps": 70}), tmp_path, resume=True)
     assert third.updates_due() == third.counters["updates"]  # the offset is saved
-    assert "train ratio changed" not in capsys.readouterr().out
+    assert "train schedule changed" not in capsys.readouterr().out
     third.close()
     path.write_text(path.read_text().replace("train_ratio: 64", "train_ratio: 32"))
     fourth = Trainer(make_config("default", run={"steps": 70}), tmp_path, resume=True)
     assert fourth.updates_due() == fourth.counters["updates"]  # a second change: the same
-    assert "train ratio changed on resume (train_ratio 64 -> 32" in capsys.readouterr().out
+    assert "train schedule changed on resume (train_ratio 64 -> 32" in capsys.readouterr().out
     fourth.close()
 
 
@@ -1060,3 +1060,25 @@ def test_empty_files_of_a_start_that_wrote_nothing_do_not_hold_a_run(tmp_path):
     (tmp_path / "replay").mkdir()
     Trainer(_cfg(tmp_path)).close()
     assert (tmp_path / "config.yaml").is_file()
+
+
+def test_a_resume_with_another_prefill_goes_on_from_the_updates_done(tmp_path, capsys):
+    """train.prefill edited in config.yaml before a resume: lowered, no burst of the updates
+    the lower prefill would have called for; raised past the steps done, random actions
+    again up to it and no updates, then updates go on from those done."""
+    with Trainer(_cfg(tmp_path)) as tr:  # prefill 20, 60 steps: (60 - 20) * 16 / 16 updates
+        tr.run()
+    done = tr.counters["updates"]
+    assert done == 40
+    path = tmp_path / "config.yaml"
+    saved = path.read_text()
+    assert saved.count("prefill: 20\n") == 1
+    path.write_text(saved.replace("prefill: 20\n", "prefill: 0\n"))
+    with Trainer(make_config("default", run={"steps": 64}), tmp_path, resume=True) as lower:
+        assert lower.updates_due() == done  # not 60 * 16 / 16 = 60
+        assert "(train_ratio 16 -> 16, prefill 20 -> 0," in capsys.readouterr().out
+    path.write_text(saved.replace("prefill: 20\n", "prefill: 70\n"))
+    with Trainer(make_config("default", run={"steps": 76}), tmp_path, resume=True) as higher:
+        assert higher.updates_due() == 0
+        higher.run()
+    assert higher.counters["updates"] == done + (76 - 70) * 16 // 16
