@@ -524,19 +524,19 @@ class Trainer:
         for long)."""
         self._offset = saved["offset"] if saved else 0
         now = self._schedule()
-        keys = ("train_ratio", "prefill", "replayed_per_update")
-        # checkpoints before 2026-12-03 did not save the prefill: taken as unchanged
-        if saved is None or all(saved.get(k, now[k]) == now[k] for k in keys):
+        if saved is None:
+            return
+        was = {**now, **saved}  # checkpoints before 2026-12-03 lack the prefill: unchanged
+        if all(was[k] == now[k] for k in ("train_ratio", "prefill", "replayed_per_update")):
             return
         self._offset = 0
         self._offset = self.counters["updates"] - self.updates_due()
         if self.rank == 0 and self._learn:
             print(f"note: the train schedule changed on resume (train_ratio "
-                  f"{saved['train_ratio']:g} -> {now['train_ratio']:g}, prefill "
-                  f"{saved.get('prefill', now['prefill'])} -> {now['prefill']}, replayed "
-                  f"steps per update {saved['replayed_per_update']} -> "
-                  f"{now['replayed_per_update']}); updates go on at the new ratio from "
-                  f"{self.counters['updates']:,}")
+                  f"{was['train_ratio']:g} -> {now['train_ratio']:g}, prefill {was['prefill']} "
+                  f"-> {now['prefill']}, replayed steps per update "
+                  f"{was['replayed_per_update']} -> {now['replayed_per_update']}); updates go "
+                  f"on at the new ratio from {self.counters['updates']:,}")
 
     def _can_sample(self) -> bool:
         """Whether the replay holds a window, on every data-parallel rank (an update is

@@ -234,21 +234,23 @@ def test_a_run_within_the_prefill_says_it_makes_no_update(tmp_path, capsys):
     assert "random-action steps" not in capsys.readouterr().out and tr.counters["updates"] == 2
 
 
+def _saving(tr) -> list:
+    """The env steps at which `tr` saves a checkpoint, as it saves them."""
+    real, at = tr.save, []
+    tr.save = lambda: (at.append(tr.counters["env_steps"]), real())[1]
+    return at
+
+
 def test_checkpoint_every_counts_env_steps_from_the_last_checkpoint(tmp_path):
     """run.checkpoint_every=20 (2 envs): checkpoints at 20, 40 and 60 env steps, then the
     end's; a resume at 60 counts from there (the next at 80, not at once)."""
-    def saving(tr):
-        real, at = tr.save, []
-        tr.save = lambda: (at.append(tr.counters["env_steps"]), real())[1]
-        return at
-
     cfg = _cfg(tmp_path, train={"prefill": 10**6}, run={"checkpoint_every": 20})  # fast steps
     with Trainer(cfg) as tr:
-        at = saving(tr)
+        at = _saving(tr)
         tr.run()
     assert at == [20, 40, 60, 60]
     with Trainer(make_config("default", run={"steps": 90}), tmp_path, resume=True) as again:
-        at = saving(again)
+        at = _saving(again)
         again.run()
     assert at == [80, 90]
 
@@ -332,8 +334,7 @@ def test_checkpoint_minutes_and_the_time_limit_are_minutes(tmp_path):
     it: no checkpoint but the end's."""
     tr = Trainer(_cfg(tmp_path, train={"prefill": 10**6},  # random actions only: fast steps
                       run={"steps": 10**6, "time_limit": 3 / 60, "checkpoint_minutes": 1}))
-    real, at = tr.save, []
-    tr.save = lambda: (at.append(tr.counters["env_steps"]), real())[1]
+    at = _saving(tr)
     with tr:
         tr.run()
     assert len(at) == 1 and at[0] == tr.counters["env_steps"] > 0
