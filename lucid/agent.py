@@ -3,7 +3,9 @@
 `train(batch)` follows the paper's algorithm: (1) fit the world model on the replayed (B, T)
 batch; (2) imagine H steps from every posterior state with the actor; (3) compute λ-returns
 from dreamed rewards, continues and critic values; (4) update the actor and (5) the critic.
-Each loss changes only its own component's parameters.
+Each loss changes only its own component's parameters, except that with
+`train.replay_value_grad` the replay value loss also trains the world model, whose step then
+comes with the critic's (the authors' Nature code).
 """
 
 from __future__ import annotations
@@ -228,14 +230,21 @@ class Agent:
         """Backward, clip and step. A non-finite loss or gradient skips the step on the device
         (fused Adam's `found_inf`: parameters, moments and step count stay as they were).
         Returns the gradient norm before clipping and whether the step was taken (0-d bool)."""
+        params = list(params)
+        self._zero(opt, params)
+        loss.backward()
+        return self._apply(opt, loss, params, clip)
+
+    def _zero(self, opt: torch.optim.Optimizer, params: list) -> None:
         opt.zero_grad(set_to_none=True)
         if opt not in self._checked:
-            params = list(params)
             _check_trained(opt, params, self.optimizers())
             self._checked.add(opt)
-        loss.backward()
+
+    def _apply(self, opt: torch.optim.Optimizer, loss: torch.Tensor, params: list, clip: float
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Clip and step `params` on the gradients they hold; `loss` is the one they are of."""
         if self.grad_sync is not None:  # same averaged gradients (and decision) on every rank
-            params = list(params)
             loss = self.grad_sync(params, loss.detach())
         norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
         ok = torch.isfinite(norm) & torch.isfinite(loss.detach())
@@ -260,11 +269,15 @@ class Agent:
         t = self.config.train
         wm, actor, critic = self.wm, self.actor, self.critic
 
-        # 1. World model.
+        # 1. World model. With train.replay_value_grad its step waits for the replay value
+        #    loss (step 5), whose gradient it takes too: every loss then sees the parameters
+        #    as they were before the update, as with the authors' single optimiser.
+        joint = t.replay_value_grad
         with self.autocast():
             wm_loss, metrics, out = wm.loss(batch, t)
-        metrics["world_model/grad_norm"], wm_ok = self._step(self.opt_wm, wm_loss,
-                                                             wm.parameters(), t.model_clip)
+        if not joint:
+            metrics["world_model/grad_norm"], wm_ok = self._step(self.opt_wm, wm_loss,
+                                                                 wm.parameters(), t.model_clip)
 
         # 2. Imagine from every posterior state (start states carry no gradient). The actor
         #    sees sg(feat); with REINFORCE its distributions for the loss are recomputed below
@@ -333,12 +346,25 @@ class Agent:
                 rep_ret = replay_lambda_return(batch["reward"].float(), ends,
                                                batch["is_terminal"],
                                                ret[0].detach().reshape(B, T), t.gamma, t.lam)
-                r_loss, r_metrics = replay_critic_loss(critic, out["feat"], rep_ret, ends, t)
+                r_loss, r_metrics = replay_critic_loss(critic, out["feat"], rep_ret, ends, t,
+                                                       grad=joint)
                 c_loss = c_loss + t.replay_value_scale * r_loss
                 c_metrics.update(r_metrics)
         metrics.update(c_metrics)
-        metrics["critic/grad_norm"], critic_ok = self._step(self.opt_critic, c_loss,
-                                                            critic.net.parameters(), t.critic_clip)
+        critic_params = list(critic.net.parameters())
+        if joint:  # one backward pass: the world model's gradient is of L_wm + scale·L_replay
+            wm_params = list(wm.parameters())
+            self._zero(self.opt_wm, wm_params)
+            self._zero(self.opt_critic, critic_params)
+            (wm_loss + c_loss).backward()
+            metrics["world_model/grad_norm"], wm_ok = self._apply(
+                self.opt_wm, wm_loss.detach() + t.replay_value_scale * r_loss.detach(),
+                wm_params, t.model_clip)
+            metrics["critic/grad_norm"], critic_ok = self._apply(
+                self.opt_critic, c_loss, critic_params, t.critic_clip)
+        else:
+            metrics["critic/grad_norm"], critic_ok = self._step(self.opt_critic, c_loss,
+                                                                critic_params, t.critic_clip)
         # A skipped critic step leaves its slow copy as it was too.
         critic.update_slow(t.slow_critic_fraction * critic_ok.float())
         metrics["train/nonfinite_steps"] = 3.0 - (wm_ok.float() + actor_ok.float()

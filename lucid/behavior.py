@@ -267,10 +267,11 @@ def critic_loss(critic: Critic, logits: torch.Tensor, feat: torch.Tensor, ret: t
 
 
 def replay_critic_loss(critic: Critic, feat: torch.Tensor, ret: torch.Tensor,
-                       last: torch.Tensor, tcfg: TrainConfig):
+                       last: torch.Tensor, tcfg: TrainConfig, grad: bool = False):
     """The Nature recipe's replay value loss: the critic at the replayed posterior states
-    `feat` (B, T, F; no gradient into the world model) toward the replayed λ-returns `ret`
-    (B, T-1) and toward the slow critic, at steps 0..T-2 that do not end an episode."""
-    feat = feat[:, :-1].detach()
+    `feat` (B, T, F) toward the replayed λ-returns `ret` (B, T-1) and toward the slow critic,
+    at steps 0..T-2 that do not end an episode. `grad` (train.replay_value_grad): its
+    gradient also reaches `feat`, so the world model's encoder and RSSM; else none does."""
+    feat = feat[:, :-1] if grad else feat[:, :-1].detach()
     loss, _, _ = _value_loss(critic, critic(feat), feat, ret, 1.0 - last[:, :-1].float(), tcfg)
     return loss, {"critic/replay_loss": loss}

@@ -127,6 +127,7 @@ class TrainConfig:
     slow_critic_fraction: float = 0.02
     slow_critic_reg: float = 1.0
     replay_value_scale: float = 0.0  # critic loss on replayed λ-returns (0: 2023; Nature: 0.3)
+    replay_value_grad: bool = False  # it also trains the encoder and RSSM (Nature: true)
     return_norm_decay: float = 0.99
     return_norm_low: float = 5.0  # percentile
     return_norm_high: float = 95.0  # percentile
@@ -364,6 +365,10 @@ def validate(cfg: Config) -> None:
         (0 < t.gamma <= 1 and 0 <= t.lam <= 1, "train.gamma in (0, 1] and train.lam in [0, 1]"),
         (t.train_ratio > 0, "train.train_ratio must be > 0"),
         (t.replay_value_scale >= 0, "train.replay_value_scale must be >= 0"),
+        (not t.replay_value_grad or t.replay_value_scale > 0,
+         "train.replay_value_grad=true trains the world model through the replay value loss, "
+         "which train.replay_value_scale=0 turns off: set train.replay_value_scale "
+         "(0.3 in the Nature paper) or train.replay_value_grad=false"),
         (t.replay_capacity >= t.batch_length * cfg.env.num_envs,
          "train.replay_capacity must hold at least one batch_length window per env"),
         (t.continuous_grad in ("dynamics", "reinforce"),

@@ -54,20 +54,24 @@ def _losses(compile_: bool, obs: str, action: str, updates: int = 2,
     return [agent.train(batch) for _ in range(updates)]
 
 
-@pytest.mark.parametrize("obs,action,kernels,wrapper", [
-    ("vector", "discrete", False, True),
+NATURE = {"replay_value_scale": 0.3, "replay_value_grad": True}
+
+
+@pytest.mark.parametrize("obs,action,kernels,wrapper,train", [
+    ("vector", "discrete", False, True, {}),
     # train.cpp_kernels (opaque operators in the graphs), on an action space of a categorical
-    # and a Box (its actor's log-probs, entropies and REINFORCE through compiled graphs)
-    ("vector", "mixed", True, True),
+    # and a Box (its actor's log-probs, entropies and REINFORCE through compiled graphs), with
+    # the replay value loss training the world model (its backward pass after imagination)
+    ("vector", "mixed", True, True, NATURE),
     # torch's Python wrappers (train.cpp_wrapper=false): half the compile time of C++ ones
-    pytest.param("image", "continuous", False, False, marks=pytest.mark.slow),
+    pytest.param("image", "continuous", False, False, {}, marks=pytest.mark.slow),
 ])
-def test_compiled_matches_eager(obs, action, kernels, wrapper, monkeypatch):
+def test_compiled_matches_eager(obs, action, kernels, wrapper, train, monkeypatch):
     monkeypatch.setattr(lucid_agent, "COMPILE_CHUNK", CHUNK)
     torch._dynamo.reset()
     try:
-        eager = _losses(False, obs, action, cpp_kernels=kernels)
-        compiled = _losses(True, obs, action, cpp_kernels=kernels, cpp_wrapper=wrapper)
+        eager = _losses(False, obs, action, cpp_kernels=kernels, **train)
+        compiled = _losses(True, obs, action, cpp_kernels=kernels, cpp_wrapper=wrapper, **train)
     finally:
         lucid_kernels.enable(False)
     # The first chunk starts from the initial state, the second from the first's last state:
@@ -80,7 +84,8 @@ def test_compiled_matches_eager(obs, action, kernels, wrapper, monkeypatch):
     for e, c in zip(eager, compiled):
         assert e.keys() == c.keys()
         for k in ("world_model/loss", "world_model/decoder", "world_model/reward",
-                  "world_model/dyn", "actor/loss", "critic/loss"):
+                  "world_model/dyn", "actor/loss", "critic/loss", *(
+                      ["critic/replay_loss"] if train else [])):
             assert c[k] == pytest.approx(e[k], rel=1e-3, abs=1e-4), k
         for k in e:  # every metric, looser: grad norms amplify rounding
             assert c[k] == pytest.approx(e[k], rel=1e-2, abs=1e-3), k

@@ -910,6 +910,7 @@ def test_a_full_disk_stops_the_run_at_its_last_checkpoint_with_the_fix_named(tmp
     ("train.batch_length=1", "train.batch_length >= 2"), ("train.gamma=0", "train.gamma"),
     ("train.lam=1.01", "train.lam"), ("train.train_ratio=0", "train.train_ratio"),
     ("train.replay_value_scale=-0.1", "train.replay_value_scale"),
+    ("train.replay_value_grad=true", "set train.replay_value_scale"),
     ("train.actor_lr=-1e-5", "learning rates"), ("train.free_nats=-1", "train.free_nats"),
     ("train.rep_free_nats=-1", "train.rep_free_nats"), ("train.prefill=-1", "train.prefill"),
     ("train.replay_max_gb=-1", "train.replay_max_gb"),

@@ -379,6 +379,30 @@ def test_the_replay_value_loss_of_an_update_and_its_share_of_the_critic_gradient
     want = expected_update(rec, batch, DISCRETE)
     assert_metrics_match(metrics, want)
 
+    rep_ret, end = replay_targets(batch, want)
+    term = t2n(batch["is_terminal"])
+    # the setup exercises the cases: terminal steps, truncations, the seam
+    assert 0 < term[:, 1:].sum() < end[:, 1:].sum()
+    assert end[2, 2] == 1 and not batch["is_last"][2, 2]
+    critic, slow = rec["nets"]["critic"], rec["nets"]["slow"]
+    feat_rep = rec["replay_feat"][:, :-1]
+    with torch.no_grad():
+        slow_rep = np_twohot_mean(t2n(slow(feat_rep))[..., :nb])
+    w_rep = 1.0 - end[:, :-1]
+    logits = t2n(critic(feat_rep).detach())[..., :nb]
+    r_loss = (w_rep * (np_twohot_ce(logits, rep_ret)
+                       + SLOW_REG * np_twohot_ce(logits, slow_rep))).mean()
+    np.testing.assert_allclose(metrics["critic/replay_loss"], r_loss, rtol=2e-5)
+
+    total = (imagined_critic_loss(rec, want)
+             + scale * weighted_ce(critic(feat_rep), w_rep, rep_ret, slow_rep))
+    total.backward()
+    np.testing.assert_allclose(metrics["critic/grad_norm"], grad_norm(critic), rtol=1e-4)
+
+
+def replay_targets(batch: dict, want: dict) -> tuple[np.ndarray, np.ndarray]:
+    """numpy loops: the replayed λ-returns R (B, T-1) bootstrapped from the imagined returns
+    at step 0 (`want["_ret"][0]`, B-major), and the episode ends e (B, T)."""
     B, T = batch["reward"].shape
     reward, term = t2n(batch["reward"]), t2n(batch["is_terminal"])
     end = t2n(batch["is_last"])
@@ -392,32 +416,93 @@ def test_the_replay_value_loss_of_an_update_and_its_share_of_the_critic_gradient
             R = reward[b, t + 1] + GAMMA * (1.0 - term[b, t + 1]) * (
                 (1.0 - lam) * boot[b, t + 1] + lam * R)
             rep_ret[b, t] = R
-    # the setup exercises the cases: terminal steps, truncations, the seam
-    assert 0 < term[:, 1:].sum() < end[:, 1:].sum()
-    assert end[2, 2] == 1 and not batch["is_last"][2, 2]
-    critic, slow = rec["nets"]["critic"], rec["nets"]["slow"]
-    feat_rep = rec["replay_feat"][:, :-1]
-    with torch.no_grad():
-        slow_rep = np_twohot_mean(t2n(slow(feat_rep))[..., :nb])
-        slow_im = np_twohot_mean(t2n(slow(rec["feat"][:H]))[..., :nb])
-    w_rep = 1.0 - end[:, :-1]
-    logits = t2n(critic(feat_rep).detach())[..., :nb]
-    r_loss = (w_rep * (np_twohot_ce(logits, rep_ret)
-                       + SLOW_REG * np_twohot_ce(logits, slow_rep))).mean()
-    np.testing.assert_allclose(metrics["critic/replay_loss"], r_loss, rtol=2e-5)
+    return rep_ret, end
 
-    def ce(x, target):  # cross-entropy of logits x toward the real-space targets' two-hot
+
+def weighted_ce(x: torch.Tensor, w: np.ndarray, ret: np.ndarray, slow_v: np.ndarray):
+    """mean(w (CE(x, twohot(symlog ret)) + slow_critic_reg CE(x, twohot(symlog slow_v))))
+    in float64 torch (for autograd), the logits x cut to the real bins."""
+    def ce(target):
         probs = torch.from_numpy(np_twohot(np_symlog(target)))
-        return -(probs * torch.log_softmax(x[..., :nb].double(), -1)).sum(-1)
+        return -(probs * torch.log_softmax(x[..., :len(BINS)].double(), -1)).sum(-1)
+    return (torch.from_numpy(w) * (ce(ret) + SLOW_REG * ce(slow_v))).mean()
 
-    def weighted(x, w, ret, slow_v):
-        return (torch.from_numpy(w) * (ce(x, ret) + SLOW_REG * ce(x, slow_v))).mean()
 
-    total = (weighted(critic(rec["feat"][:H]), want["_weight"], want["_ret"], slow_im)
-             + scale * weighted(critic(feat_rep), w_rep, rep_ret, slow_rep))
-    total.backward()
-    norm = np.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in critic.parameters()))
-    np.testing.assert_allclose(metrics["critic/grad_norm"], norm, rtol=1e-4)
+def imagined_critic_loss(rec: dict, want: dict) -> torch.Tensor:
+    """The critic loss on the captured imagination, through the captured critic's copy."""
+    critic, slow = rec["nets"]["critic"], rec["nets"]["slow"]
+    with torch.no_grad():
+        slow_im = np_twohot_mean(t2n(slow(rec["feat"][:H]))[..., :len(BINS)])
+    return weighted_ce(critic(rec["feat"][:H]), want["_weight"], want["_ret"], slow_im)
+
+
+def grad_norm(module: torch.nn.Module) -> float:
+    return float(np.sqrt(sum(float((p.grad.double() ** 2).sum())
+                             for p in module.parameters() if p.grad is not None)))
+
+
+def test_replay_value_grad_trains_the_world_model_from_the_parameters_before_the_update(
+        monkeypatch):
+    """train.replay_value_grad (the authors' Nature code, repval_grad): the world model's
+    gradient is that of L_wm + replay_value_scale · L_replay, where L_replay is the critic's
+    replay value loss at the replayed posterior features with their gradient kept, and
+    imagination runs on the world model as it was before the update (one set of parameters
+    for every loss, as with a single optimiser). Independent computation: a copy of the world
+    model taken before the update redoes its loss on the batch with the same random draws;
+    the replayed λ-returns come from numpy loops (`replay_targets`); autograd of the sum
+    through the copies gives the gradients the update must have used."""
+    scale = 0.3
+    agent = make_agent(DISCRETE, seed=17, replay_value_scale=scale, replay_value_grad=True)
+    wm0 = copy.deepcopy(agent.wm)
+    rec = capture_imagination(agent, monkeypatch)
+    grads = {}
+    for name, p in agent.wm.named_parameters():
+        p.register_post_accumulate_grad_hook(
+            lambda p, name=name: grads.__setitem__(name, p.grad.detach().double().clone()))
+    batch = make_batch(DISCRETE, seed=9)
+    torch.manual_seed(7)
+    metrics = agent.train(batch)
+
+    # imagination saw the heads before the update, and the update changed them
+    for head in ("reward", "cont"):
+        for p0, p_im, p1 in zip(getattr(wm0, head).parameters(),
+                                rec["nets"][head].parameters(),
+                                getattr(agent.wm, head).parameters()):
+            assert torch.equal(p0, p_im) and not torch.equal(p0, p1), head
+    want = expected_update(rec, batch, DISCRETE)
+    assert_metrics_match(metrics, want)
+
+    torch.manual_seed(7)  # the world model's loss draws first in an update
+    wm_loss, wm_metrics, out = wm0.loss(batch, agent.config.train)
+    assert wm_loss.item() == pytest.approx(metrics["world_model/loss"], rel=1e-6)
+    rep_ret, end = replay_targets(batch, want)
+    critic, slow = rec["nets"]["critic"], rec["nets"]["slow"]
+    feat_rep = out["feat"][:, :-1]
+    with torch.no_grad():
+        slow_rep = np_twohot_mean(t2n(slow(feat_rep))[..., :len(BINS)])
+    r_loss = weighted_ce(critic(feat_rep), 1.0 - end[:, :-1], rep_ret, slow_rep)
+    assert r_loss.item() == pytest.approx(metrics["critic/replay_loss"], rel=2e-5)
+
+    wm_loss.backward(retain_graph=True)
+    alone = {n: p.grad.double().clone() for n, p in wm0.named_parameters()
+             if p.grad is not None}
+    (imagined_critic_loss(rec, want) + scale * r_loss).backward()
+    np.testing.assert_allclose(metrics["world_model/grad_norm"], grad_norm(wm0), rtol=1e-4)
+    np.testing.assert_allclose(metrics["critic/grad_norm"], grad_norm(critic), rtol=1e-4)
+    assert grads.keys() == {n for n, p in wm0.named_parameters() if p.grad is not None}
+    moved = []
+    for name, p in wm0.named_parameters():
+        if p.grad is None:
+            continue
+        g = p.grad.double()
+        torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-5 * g.abs().max().item(),
+                                   msg=name)
+        if (g - alone[name]).abs().max() > 1e-3 * g.abs().max():
+            moved.append(name.split(".")[0])
+    # the replay value loss reaches the encoder and the posterior's path through the RSSM,
+    # not the prior, the decoder or the heads
+    assert {"encoder", "post_mlp", "post_out", "seq_in", "gru"} <= set(moved), moved
+    assert not {"prior_mlp", "prior_out", "decoder", "reward", "cont"} & set(moved), moved
 
 
 def test_a_box_actors_entropy_gradient_holds_the_imagined_states_fixed(monkeypatch):
