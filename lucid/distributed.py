@@ -116,6 +116,10 @@ class DataParallel:
     def any(self, flag: bool) -> bool:
         return self.sum(1.0 if flag else 0.0) > 0
 
+    def barrier(self) -> None:
+        """Return once every rank got here (an all-reduce: the same call on each backend)."""
+        self.sum(0.0)
+
     # ------------------------------------------------------------------ the agent
 
     def attach(self, agent) -> None:

@@ -358,7 +358,11 @@ class Trainer:
             tune_malloc()
         seed_everything(cfg.run.seed + 7919 * self.rank)
         self.agent = agent_cls(self.obs_spec, self.act_spec, cfg, self.device)
-        self.replay = self._make_replay()
+        # A new run's ranks > 0 make their replay (memory-mapped: files in the run directory)
+        # once every rank has started, so that rank 0, which takes the directory away when
+        # its start fails, cannot race one of them writing into it.
+        late = self.dist is not None and self.rank > 0 and not resume
+        self.replay = None if late else self._make_replay()
         self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0,
                          "nonfinite_updates": 0, "env_restarts": 0}
         self.achievements = AchievementTracker()  # Crafter score and success rates
@@ -369,6 +373,10 @@ class Trainer:
         if self.dist is not None:
             self.dist.attach(self.agent)  # rank 0's parameters; gradients averaged over ranks
         self.collector = self._make_collector() if learn else None
+        if self.dist is not None:
+            self.dist.barrier()  # every rank started (a rank that failed never gets here)
+        if late:
+            self.replay = self._make_replay()
         # A resume's run.steps and settings, once it has started (a failed one writes
         # nothing) and where it goes on (a --steps below the steps done trains nothing)
         if resume and learn and self.rank == 0 and cfg.run.steps > self.counters["env_steps"]:
