@@ -6,8 +6,9 @@
 Every rank is a full learner: its own envs (or Ray runners) and replay, seeded by rank, and its
 own batch of `train.batch_size` windows (the batch size is per learner, as RLlib's
 `batch_size_B_per_learner`; the global batch is G·B). The agent's three losses keep their own
-backward passes and optimisers; between each backward and its gradient clipping,
-`Agent.grad_sync` averages that component's gradients over the ranks (one all-reduce of
+backward passes and optimisers (with `train.replay_value_grad`, the world model's and the
+critic's share one backward pass); between each backward and the gradient clipping of each
+component, `Agent.grad_sync` averages that component's gradients over the ranks (one all-reduce of
 flattened buckets), together with the loss, so that the norm, the clipping and the skip of a
 non-finite step are decided identically everywhere. The λ-returns are gathered over ranks
 before the return-percentile update, so the return scale is the global batch's. The

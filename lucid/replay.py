@@ -49,6 +49,11 @@ class _Locked:
         self.lock = threading.RLock()
 
 
+def _step_bytes(fields: dict) -> int:
+    return sum(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize
+               for s, d in fields.values())
+
+
 class Replay(_Locked):
     def __init__(self, capacity: int, num_envs: int, fields: dict[str, tuple[tuple, np.dtype]],
                  seed: int = 0, directory: str | Path | None = None, chunk_length: int = 1024,
@@ -58,9 +63,7 @@ class Replay(_Locked):
         (if set) lowers it to what fits in that many bytes."""
         self.num_envs = num_envs
         self.fields = {k: (tuple(s), np.dtype(d)) for k, (s, d) in fields.items()}
-        if max_bytes:
-            capacity = min(capacity, int(max_bytes) // max(1, self.step_bytes))
-        self.per_env = max(1, capacity // num_envs)
+        self.per_env = self.steps_per_env(self.fields, capacity, num_envs, max_bytes)
         self.directory = Path(directory) if directory is not None else None
         self.chunk_length = chunk_length
         if memmap and self.directory is None:
@@ -87,7 +90,15 @@ class Replay(_Locked):
     @property
     def step_bytes(self) -> int:
         """Bytes of one step of one env."""
-        return sum(int(np.prod(s, dtype=np.int64)) * d.itemsize for s, d in self.fields.values())
+        return _step_bytes(self.fields)
+
+    @staticmethod
+    def steps_per_env(fields: dict, capacity: int, num_envs: int, max_bytes: int = 0) -> int:
+        """The steps each env stream keeps: `capacity` over the envs, lowered to what fits
+        in `max_bytes` (if set)."""
+        if max_bytes:
+            capacity = min(capacity, int(max_bytes) // max(1, _step_bytes(fields)))
+        return max(1, capacity // num_envs)
 
     def _array(self, name, shape, dtype, memmap):
         if not memmap:
@@ -97,9 +108,9 @@ class Replay(_Locked):
         path = ring / (name.replace("/", "__") + ".npy")
         return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
 
-    @classmethod
-    def for_spaces(cls, obs_spec, action_dim: int, capacity: int, num_envs: int, seed: int = 0,
-                   **kwargs):
+    @staticmethod
+    def space_fields(obs_spec, action_dim: int) -> dict[str, tuple[tuple, np.dtype]]:
+        """The fields of one step for these observations and actions."""
         fields: dict[str, tuple[tuple, np.dtype]] = {}
         for k, shape in obs_spec.images.items():
             fields[f"obs/{k}"] = (shape, np.uint8)
@@ -109,7 +120,12 @@ class Replay(_Locked):
         fields["reward"] = ((), np.float32)
         for f in FLAGS:
             fields[f] = ((), np.bool_)
-        return cls(capacity, num_envs, fields, seed, **kwargs)
+        return fields
+
+    @classmethod
+    def for_spaces(cls, obs_spec, action_dim: int, capacity: int, num_envs: int, seed: int = 0,
+                   **kwargs):
+        return cls(capacity, num_envs, cls.space_fields(obs_spec, action_dim), seed, **kwargs)
 
     @property
     def stored(self) -> int:

@@ -362,7 +362,7 @@ class Trainer:
         # once every rank has started, so that rank 0, which takes the directory away when
         # its start fails, cannot race one of them writing into it.
         late = self.dist is not None and self.rank > 0 and not resume
-        self.replay = None if late else self._make_replay()
+        self.replay = self._make_replay(build=not late)  # a replay that cannot work: refused
         self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0,
                          "nonfinite_updates": 0, "env_restarts": 0}
         self.achievements = AchievementTracker()  # Crafter score and success rates
@@ -375,8 +375,18 @@ class Trainer:
         self.collector = self._make_collector() if learn else None
         if self.dist is not None:
             self.dist.barrier()  # every rank started (a rank that failed never gets here)
-        if late:
-            self.replay = self._make_replay()
+            failed = None
+            if late:
+                try:
+                    self.replay = self._make_replay()
+                except Exception as exc:  # noqa: BLE001 - every rank hears of it, below
+                    failed = exc
+            # ranks that made their replay stop too when one could not (no disk space, no
+            # memory), so that none trains on alone and rank 0 takes the directory away
+            if self.dist.any(failed is not None):
+                raise failed or RuntimeError(
+                    "another data-parallel rank could not make its replay; its error is in "
+                    "that rank's output")
         # A resume's run.steps and settings, once it has started (a failed one writes
         # nothing) and where it goes on (a --steps below the steps done trains nothing)
         if resume and learn and self.rank == 0 and cfg.run.steps > self.counters["env_steps"]:
@@ -808,9 +818,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ scale-out
 
-    def _make_replay(self):
+    def _make_replay(self, build: bool = True):
         """One Replay over env.num_envs streams, or with Ray runners a ReplayGroup with one
-        part per runner. Data-parallel ranks > 0 keep theirs in replay-rank<r>/."""
+        part per runner. Data-parallel ranks > 0 keep theirs in replay-rank<r>/. A replay
+        that could never give a window is refused before anything is built; `build=False`
+        checks that only."""
         cfg, t = self.cfg, self.cfg.train
         directory = None if self.run_dir is None else \
             self.run_dir / ("replay" if self.rank == 0 else f"replay-rank{self.rank}")
@@ -819,21 +831,16 @@ class Trainer:
         # into memory and writes nothing: a memory-mapped ring may be a live run's.
         capacity = t.replay_capacity if self._learn else min(t.replay_capacity, VIEW_STEPS)
         kw = dict(chunk_length=t.replay_chunk, memmap=t.replay_memmap and self._learn)
-        if cfg.run.runners != "ray":
-            replay = Replay.for_spaces(self.obs_spec, self.act_spec.dim, capacity,
-                                       cfg.env.num_envs, seed=seed, directory=directory,
-                                       max_bytes=int(t.replay_max_gb * 2**30), **kw)
-            parts = [replay]
+        max_bytes = int(t.replay_max_gb * 2**30)
+        if cfg.run.runners != "ray":  # (capacity, envs, seed, directory, max bytes) per part
+            parts = [(capacity, cfg.env.num_envs, seed, directory, max_bytes)]
         else:
-            from .replay import ReplayGroup
             n = cfg.run.num_runners
-            parts = [Replay.for_spaces(self.obs_spec, self.act_spec.dim, capacity // n,
-                                       cfg.run.envs_per_runner, seed=seed + 1 + i,
-                                       directory=directory and directory / f"runner-{i}",
-                                       max_bytes=int(t.replay_max_gb * 2**30) // n, **kw)
+            parts = [(capacity // n, cfg.run.envs_per_runner, seed + 1 + i,
+                      directory and directory / f"runner-{i}", max_bytes // n)
                      for i in range(n)]
-            replay = ReplayGroup(parts, seed)
-        short = min(p.per_env for p in parts)
+        fields = Replay.space_fields(self.obs_spec, self.act_spec.dim)
+        short = min(Replay.steps_per_env(fields, c, e, b) for c, e, _, _, b in parts)
         if self._learn and short < t.batch_length:  # no window could ever be drawn
             streams = (f"{cfg.run.num_runners} runners x {cfg.run.envs_per_runner} envs"
                        if cfg.run.runners == "ray" else f"env.num_envs={cfg.env.num_envs}")
@@ -843,7 +850,14 @@ class Trainer:
                 f"{t.replay_capacity:,}{cap}, {streams}), "
                 f"fewer than train.batch_length={t.batch_length}, so no update could ever "
                 f"run: raise train.replay_capacity or train.replay_max_gb, or use fewer envs")
-        return replay
+        if not build:
+            return None
+        replays = [Replay(c, e, fields, s, directory=d, max_bytes=b, **kw)
+                   for c, e, s, d, b in parts]
+        if cfg.run.runners != "ray":
+            return replays[0]
+        from .replay import ReplayGroup
+        return ReplayGroup(replays, seed)
 
     def _make_collector(self):
         cfg = self.cfg

@@ -52,6 +52,7 @@ def _agent(obs="vector", action="discrete", device="cpu", seed=0, **train):
     ("vector", "continuous", {"continuous_grad": "reinforce", "precision": "bf16"}),
     ("vector", "discrete", {"replay_value_scale": 0.3}),
     ("vector", "discrete", {"replay_value_scale": 0.3, "replay_value_grad": True}),
+    ("vector", "continuous", {"replay_value_scale": 0.3, "replay_value_grad": True}),
 ])
 def test_update_reads_nothing_back_to_the_host(obs, action, train):
     agent, batch = _agent(obs, action, **train)

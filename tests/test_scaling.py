@@ -246,22 +246,30 @@ def test_two_learner_processes_train_with_identical_parameters(tmp_path):
     _check_dp_run(run, r0["counters"]["env_steps"], r0["counters"]["updates"], r0["checks"])
 
 
-def _failing_start(rank, world, port, run_dir, out_dir):
-    """Rank 0's agent cannot be built (after its run directory was made); rank 1's takes 3 s
-    longer, so that it comes to its replay after rank 0 has given up."""
+def _failing_start(rank, world, port, run_dir, out_dir, where):
+    """Rank 0's start fails after its run directory was made, at `where`: its agent (before
+    the ranks share parameters) or its env runners (after); rank 1 gets there 3 s later, so
+    that it carries on after rank 0 has given up. With where="replay", rank 1's replay
+    cannot be made instead."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from lucid.agent import Agent
     from lucid.train import Trainer
-    build = Agent.__init__
+    cls, name = {"agent": (Agent, "__init__"), "collector": (Trainer, "_make_collector"),
+                 "replay": (Trainer, "_make_replay")}[where]
+    step = getattr(cls, name)
 
-    def init(self, *args, **kwargs):
-        if rank == 0:
-            raise MemoryError("no memory for the agent on rank 0")
-        time.sleep(3.0)
-        build(self, *args, **kwargs)
+    def failing(self, *args, **kwargs):
+        if where == "replay":  # rank 1's memory-mapped ring, made after the start
+            if rank == 1 and kwargs.get("build", True):
+                raise OSError(28, "No space left on device")
+        elif rank == 0:
+            raise MemoryError(f"rank 0's {where} failed")
+        else:
+            time.sleep(3.0)
+        return step(self, *args, **kwargs)
 
-    Agent.__init__ = init
+    setattr(cls, name, failing)
     cfg = _dp_cfg(run_dir)
     cfg.train.replay_memmap = True
     try:
@@ -270,27 +278,34 @@ def _failing_start(rank, world, port, run_dir, out_dir):
         (Path(out_dir) / f"failed{rank}.txt").write_text(repr(exc))
 
 
-def test_a_failed_start_leaves_no_run_directory_behind_on_any_rank(tmp_path):
+@pytest.mark.parametrize("where", ["agent", "collector", "replay"])
+def test_a_failed_start_leaves_no_run_directory_behind_on_any_rank(tmp_path, where):
     """Rank 0 takes a new run's directory away when its start fails; a rank > 0 must not
     write into it afterwards (its memory-mapped replay's ring files used to recreate
-    run/replay-rank1/ when its own start was slower). Rank 1 is stopped at its next
-    collective, by an error or, as torchrun would, by the test."""
+    run/replay-rank1/ when its own start was slower), and a rank > 0 whose replay fails
+    stops rank 0 too, which then takes the directory away. A rank stopped by a collective
+    with a rank that left is stopped by the test after 15 s, as torchrun would."""
     run = tmp_path / "run"
     ctx = mp.get_context("spawn")
     port = _free_port()
-    procs = [ctx.Process(target=_failing_start, args=(r, 2, port, str(run), str(tmp_path)))
-             for r in range(2)]
+    procs = [ctx.Process(target=_failing_start,
+                         args=(r, 2, port, str(run), str(tmp_path), where)) for r in range(2)]
     for p in procs:
         p.start()
     try:
         procs[0].join(60)
-        assert procs[0].exitcode == 0 and "MemoryError" in (tmp_path / "failed0.txt").read_text()
-        procs[1].join(15)  # rank 1's 3 s, its agent, the collective's error
+        assert procs[0].exitcode == 0
+        failed = (tmp_path / "failed0.txt").read_text()
+        assert ("MemoryError" in failed if where != "replay"
+                else "another data-parallel rank could not make its replay" in failed)
+        procs[1].join(15)  # rank 1's 3 s, its start, the collective's error
     finally:
         for p in procs:
             if p.is_alive():
                 p.kill()
                 p.join(10)
+    if where == "replay":
+        assert "No space left" in (tmp_path / "failed1.txt").read_text()
     assert not run.exists(), sorted(str(p.relative_to(run)) for p in run.rglob("*"))
 
 

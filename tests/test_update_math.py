@@ -441,8 +441,9 @@ def grad_norm(module: torch.nn.Module) -> float:
                              for p in module.parameters() if p.grad is not None)))
 
 
+@pytest.mark.parametrize("act", [DISCRETE, BOX], ids=["reinforce", "box-dynamics"])
 def test_replay_value_grad_trains_the_world_model_from_the_parameters_before_the_update(
-        monkeypatch):
+        act, monkeypatch):
     """train.replay_value_grad (the authors' Nature code, repval_grad): the world model's
     gradient is that of L_wm + replay_value_scale · L_replay, where L_replay is the critic's
     replay value loss at the replayed posterior features with their gradient kept, and
@@ -450,16 +451,17 @@ def test_replay_value_grad_trains_the_world_model_from_the_parameters_before_the
     for every loss, as with a single optimiser). Independent computation: a copy of the world
     model taken before the update redoes its loss on the batch with the same random draws;
     the replayed λ-returns come from numpy loops (`replay_targets`); autograd of the sum
-    through the copies gives the gradients the update must have used."""
+    through the copies gives the gradients the update must have used. A Box actor learns
+    through the dynamics while the world model's graph waits for its backward pass."""
     scale = 0.3
-    agent = make_agent(DISCRETE, seed=17, replay_value_scale=scale, replay_value_grad=True)
+    agent = make_agent(act, seed=17, replay_value_scale=scale, replay_value_grad=True)
     wm0 = copy.deepcopy(agent.wm)
     rec = capture_imagination(agent, monkeypatch)
     grads = {}
     for name, p in agent.wm.named_parameters():
         p.register_post_accumulate_grad_hook(
             lambda p, name=name: grads.__setitem__(name, p.grad.detach().double().clone()))
-    batch = make_batch(DISCRETE, seed=9)
+    batch = make_batch(act, seed=9)
     torch.manual_seed(7)
     metrics = agent.train(batch)
 
@@ -469,7 +471,7 @@ def test_replay_value_grad_trains_the_world_model_from_the_parameters_before_the
                                 rec["nets"][head].parameters(),
                                 getattr(agent.wm, head).parameters()):
             assert torch.equal(p0, p_im) and not torch.equal(p0, p1), head
-    want = expected_update(rec, batch, DISCRETE)
+    want = expected_update(rec, batch, act)
     assert_metrics_match(metrics, want)
 
     torch.manual_seed(7)  # the world model's loss draws first in an update
