@@ -259,3 +259,41 @@ class SeededReturnEnv(gym.Env):
         self.t += 1
         end = self.t == 2
         return np.zeros(1, np.float32), self.ret if end else 0.0, end, False, {}
+
+
+class DescribedEnv(gym.Env):
+    """For `lucid check`: Discrete and MultiDiscrete observations next to a Box one, an action
+    Box whose bounds differ per dim; 4-step episodes, episode k paying k x its step index
+    (returns 10, 20, ...); the Box observation lies below its bounds at the 3rd step and above
+    them at the 5th. `bad_reset` makes the second reset's observation NaN, `nan_reward` the
+    reward of that step NaN; rgb_array frames of `channels` channels, once reset."""
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, render_mode=None, bad_reset=False, nan_reward=0, channels=3):
+        self.observation_space = gym.spaces.Dict({
+            "d": gym.spaces.Discrete(3), "m": gym.spaces.MultiDiscrete([2, 3]),
+            "v": gym.spaces.Box(-1, 1, (1,), np.float32)})
+        self.action_space = gym.spaces.Box(np.zeros(5, np.float32),
+                                           np.arange(1, 6, dtype=np.float32))
+        self.render_mode, self.bad_reset = render_mode, bad_reset
+        self.nan_reward, self.channels = nan_reward, channels
+        self.total, self.episodes = 0, 0
+
+    def _obs(self, v):
+        return {"d": 1, "m": np.array([1, 2]), "v": np.array([v], np.float32)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.episodes = 0, self.episodes + 1
+        return self._obs(np.nan if self.bad_reset and self.episodes == 2 else 0.0), {}
+
+    def step(self, action):
+        self.t, self.total = self.t + 1, self.total + 1
+        v = -2.0 if self.total == 3 else 2.0 if self.total == 5 else 0.5
+        reward = np.nan if self.total == self.nan_reward else float(self.episodes * self.t)
+        return self._obs(v), reward, self.t == 4, False, {}
+
+    def render(self):
+        if self.render_mode != "rgb_array":
+            return None
+        return np.full((8, 8, self.channels), self.t, np.uint8)  # self.t: made by reset()

@@ -394,3 +394,58 @@ def test_check_notes_values_beyond_a_box_not_another_dtype():
     assert not _beyond(box, np.zeros(3))  # float64 values within a float32 Box
     assert _beyond(gym.spaces.Dict({"a": gym.spaces.Discrete(2), "b": box}),
                    {"a": 1, "b": np.array([0.0, 1.5, 0.0])})
+
+
+def test_check_reports_the_rollout_it_took_and_the_frames_videos_get():
+    """`lucid check` on an env of Discrete and MultiDiscrete observations and an action Box
+    of per-dim bounds: what each becomes, the rewards and mean return of the random episodes,
+    the first step beyond a Box's bounds (below them), the frames' size; a NaN observation
+    after a reset, a NaN reward and frames that are not H x W (x C) are named."""
+    r = runner.invoke(app, ["check", "envs_for_tests:DescribedEnv", "--steps", "8"])
+    assert r.exit_code == 0, r.output
+    for line in ("d: Discrete -> one-hots of 3 (3 inputs) -> the MLP encoder",
+                 "m: MultiDiscrete -> one-hots of 2, 3 (5 inputs) -> the MLP encoder",
+                 "action: Normal over 5 dims in [-1, 1], rescaled to [0, 1], [0, 2], [0, 3], "
+                 "[0, 4], ... (5 dims) (model dims 0..4)",
+                 "random actions, 8 steps: 2 episodes ended, rewards in [1, 8], mean return 15",
+                 "note: the observation of random step 3 lies beyond its Box's bounds",
+                 "videos: yes (8x8 frames)"):
+        assert line in r.output, (line, r.output)
+    r = runner.invoke(app, ["check", "envs_for_tests:DescribedEnv", "env.kwargs.bad_reset=true"])
+    assert r.exit_code == 2 and "at random step 4 (reset()): ValueError" in r.output, r.output
+    r = runner.invoke(app, ["check", "envs_for_tests:DescribedEnv", "env.kwargs.nan_reward=2"])
+    assert r.exit_code == 2, r.output
+    assert "at random step 2 (step()): ValueError: the reward is nan" in r.output
+    r = runner.invoke(app, ["check", "envs_for_tests:DescribedEnv", "--steps", "2",
+                            "env.kwargs.channels=5"])
+    assert r.exit_code == 0, r.output
+    assert "videos: no (render() returned (8, 8, 5), not an H x W (x C) frame" in r.output
+
+
+def test_check_notes_episodes_that_never_end_and_its_episodes_follow_the_seed():
+    """An env whose episodes do not end in the steps taken gets a note; the rollout resets
+    from run.seed, so an env drawing its return at reset returns what that seed gives."""
+    from envs_for_tests import SeededReturnEnv
+    r = runner.invoke(app, ["check", "envs_for_tests:CountEnv", "--steps", "5",
+                            "env.kwargs.terminate=false"])
+    assert r.exit_code == 0, r.output
+    assert "random actions, 5 steps: 0 episodes ended" in r.output
+    assert "note: no episode ended in 5 random steps" in r.output
+    env = SeededReturnEnv()
+    env.reset(seed=5)  # the return its first episode pays
+    r = runner.invoke(app, ["check", "envs_for_tests:SeededReturnEnv", "--steps", "2",
+                            "run.seed=5"])
+    assert r.exit_code == 0, r.output
+    assert f"1 episode ended, rewards in [0, {env.ret:g}], mean return {env.ret:g}" in r.output
+
+
+def test_checks_random_actions_follow_run_seed():
+    """The random actions come from run.seed: a check repeats itself, and another seed takes
+    other actions (EchoEnv pays 10 x each action, so the returns tell)."""
+    def rollout(seed):
+        r = runner.invoke(app, ["check", "envs_for_tests:EchoEnv", "--steps", "40",
+                                f"run.seed={seed}"])
+        assert r.exit_code == 0, r.output
+        return [line for line in r.output.splitlines() if line.startswith("random actions")]
+
+    assert rollout(0) == rollout(0) != rollout(1)

@@ -1083,3 +1083,65 @@ def test_a_resume_with_another_prefill_goes_on_from_the_updates_done(tmp_path, c
         assert higher.updates_due() == 0
         higher.run()
     assert higher.counters["updates"] == done + (76 - 70) * 16 // 16
+
+
+def test_a_restart_closes_the_env_it_replaces_and_a_reset_that_raises_is_retried():
+    """A reset that raises rebuilds the env as a step that raises does; each env replaced is
+    closed (it may hold a simulator); a step that raises right after a reset ends the episode
+    at the observation of that reset."""
+    from lucid.runner import Restarting
+    made = []
+
+    class Shaky(FlakyEnv):  # the 1st env's reset raises, the 2nd env's first step
+        def __init__(self):
+            super().__init__(every=10**9)
+            self.closed = False
+            made.append(self)
+
+        def reset(self, *, seed=None, options=None):
+            if len(made) == 1:
+                raise RuntimeError("no display")
+            super().reset(seed=seed)
+            return np.full(3, 0.5, np.float32), {}
+
+        def step(self, action):
+            if len(made) == 2:
+                raise RuntimeError("simulator crashed")
+            return super().step(action)
+
+        def close(self):
+            self.closed = True
+
+    env = Restarting(Shaky, max_restarts=3)
+    first, _ = env.reset()
+    np.testing.assert_array_equal(first, np.full(3, 0.5, np.float32))
+    obs, reward, term, trunc, info = env.step(0)
+    np.testing.assert_array_equal(obs, first)
+    assert (reward, term, trunc, info) == (0.0, False, True, {"env_restarted": True})
+    assert env.restarts == 2 and len(made) == 3
+    assert made[0].closed and made[1].closed and not made[2].closed
+
+
+def test_the_collector_counts_every_envs_restart_of_a_step():
+    """Two envs that both raise in the same vector step are two restarts."""
+    from lucid.envs import ActionSpec, ObsSpec
+    from lucid.runner import Collector, restarting
+    probe = FlakyEnv()
+    col = Collector([restarting(make_broken, 10)] * 2, ObsSpec.from_space(probe.observation_space),
+                    ActionSpec.from_space(probe.action_space))
+    col.step(None)
+    assert col.restarts == 2
+    col.close()
+
+
+def test_a_collector_names_the_key_of_a_first_observation_that_does_not_fit():
+    """The vector env's reset fails in numpy's words; the collector names the key from the
+    observation that Restarting kept (a run's start-up check names it earlier; a collector
+    made by other code, e.g. an env runner, relies on this)."""
+    from envs_for_tests import LaterBrokenEnv
+    from lucid.envs import ActionSpec, ObsSpec
+    from lucid.runner import Collector, restarting
+    probe = LaterBrokenEnv()
+    specs = ObsSpec.from_space(probe.observation_space), ActionSpec.from_space(probe.action_space)
+    with pytest.raises(ValueError, match=r"observation 'b' has shape \(4,\), expected \(3,\)"):
+        Collector([restarting(lambda: LaterBrokenEnv("shape", at=0), 0)] * 2, *specs)

@@ -204,3 +204,60 @@ def test_batches_from_replay_carry_the_flags():
     assert torch.equal(batch["is_first"], t == 0)
     assert torch.equal(batch["is_terminal"], t == 3)
     assert torch.equal(batch["reward"], t)
+
+
+def test_random_actions_follow_the_collectors_seed():
+    """The prefill's random actions come from the collector's seed: the same seed gives the
+    same actions, another seed others."""
+    obs_spec, act_spec, _ = _echo_specs_and_agent()
+
+    def actions(seed):
+        col = Collector([EchoEnv, EchoEnv], obs_spec, act_spec, seed=seed)
+        out = np.stack([col.step(None)[0]["action"] for _ in range(12)])
+        col.close()
+        return out
+
+    assert np.array_equal(actions(3), actions(3)) and not np.array_equal(actions(3), actions(4))
+
+
+def test_a_nan_reward_is_refused_where_it_is_collected():
+    """A NaN reward is named at the collector's step that received it, before it reaches the
+    replay (where it would make every update non-finite)."""
+    class NaNReward(CountEnv):
+        def step(self, action):
+            obs, reward, term, trunc, info = super().step(action)
+            return obs, float("nan") if self.t == 2 else reward, term, trunc, info
+
+    probe = NaNReward()
+    col = Collector([NaNReward], ObsSpec.from_space(probe.observation_space),
+                    ActionSpec.from_space(probe.action_space))
+    col.step(None)
+    with pytest.raises(ValueError, match="NaN or Inf reward"):
+        col.step(None)
+    col.close()
+
+
+def test_evaluation_runs_whole_episodes_and_closes_its_env():
+    """evaluate() returns the episodes asked for, steps the env no further than they take,
+    and closes the env it made."""
+    from lucid.runner import evaluate
+    obs_spec, act_spec, agent = _echo_specs_and_agent()
+    made = []
+
+    class Closing(EchoEnv):
+        closed, steps = False, 0
+
+        def step(self, action):
+            self.steps += 1
+            return super().step(action)
+
+        def close(self):
+            self.closed = True
+
+    def make():
+        made.append(Closing())
+        return made[-1]
+
+    eps = evaluate(agent, make, obs_spec, act_spec, 2)
+    assert [e.length for e in eps] == [5, 5] and all(e.ret % 10 == 0 for e in eps)
+    assert len(made) == 1 and made[0].steps == 10 and made[0].closed
