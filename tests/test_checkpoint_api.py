@@ -6,6 +6,7 @@ import pytest
 import torch
 import yaml
 
+from envs_for_tests import CountEnv
 from lucid import Dreamer
 from lucid.checkpoint import (atomic_torch_save, list_checkpoints, load_checkpoint, load_latest,
                               save_checkpoint)
@@ -393,24 +394,6 @@ def test_ctrl_c_during_learn_saves_then_reaches_the_program(tmp_path):
     again.close()
 
 
-class _PayingEnv(gym.Env):
-    """2-step episodes paying `reward` a step."""
-    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self, reward: float):
-        self.reward, self.t = reward, 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(2, np.float32), {}
-
-    def step(self, action):
-        self.t += 1
-        return np.zeros(2, np.float32), self.reward, self.t >= 2, False, {}
-
-
 def _nano(env, **kw):
     return Dreamer(env, size="nano", preset="cpu-control", run__device="cpu", **kw)
 
@@ -419,28 +402,28 @@ def test_each_env_instance_stays_as_it_was_given():
     """Every env made for an agent is a copy of its instance as it was when given: a later
     change to the caller's object does not reach it, and two instances of one class are two
     envs (each agent evaluates in its own)."""
-    one, two = _PayingEnv(1.0), _PayingEnv(3.0)
+    one, two = CountEnv(2), CountEnv(3)  # episodes return 1 + 2 and 1 + 2 + 3
     first, second = _nano(one), _nano(two)
-    one.reward = 100.0  # after Dreamer(one): not the env the agent was given
-    assert first.evaluate(1) == [2.0] and second.evaluate(1) == [6.0]
+    one.length = 50  # after Dreamer(one): not the env the agent was given
+    assert first.evaluate(1) == [3.0] and second.evaluate(1) == [6.0]
 
 
 def test_dreamer_refuses_envs_and_arguments_it_cannot_use_before_anything_runs(tmp_path):
     """Mistakes in what Dreamer, learn(), predict() and load(resume=True) are given are
     named at once, before a run directory is made or a step is taken."""
     import threading
-    live = _PayingEnv(1.0)
+    live = CountEnv(2)
     live.lock = threading.Lock()  # a live handle: the instance cannot be copied
     with pytest.raises(TypeError, match=r"cannot copy the env instance \(TypeError: .*pass it by "
                                         r"name"):
         _nano(live)
-    venv = gym.vector.SyncVectorEnv([lambda: _PayingEnv(1.0)])
+    venv = gym.vector.SyncVectorEnv([lambda: CountEnv(2)])
     with pytest.raises(TypeError, match="got a vector env; pass one env"):
         _nano(venv)
     venv.close()
     with pytest.raises(TypeError, match="must be a gymnasium.Env or an env name, got int"):
         _nano(3)
-    agent = _nano(_PayingEnv(1.0), run_dir=tmp_path / "run")
+    agent = _nano(CountEnv(2), run_dir=tmp_path / "run")
     for bad in (-1, True, 1.5, "10"):
         with pytest.raises(ValueError, match="whole number of env steps >= 0"):
             agent.learn(bad)
@@ -473,7 +456,7 @@ def test_predict_and_evaluate_act_greedily_or_by_sampling_as_asked():
     """deterministic=True reaches the policy as explore=False (predict's default samples,
     evaluate's default is greedy), for every step of an evaluation; one observation gives
     one action, not a batch of one."""
-    agent = _nano(_PayingEnv(1.0))
+    agent = _nano(CountEnv(2))  # episodes return 1 + 2
     real, seen = agent.agent.policy, []
 
     def policy(obs, state, explore, is_first):
@@ -487,9 +470,9 @@ def test_predict_and_evaluate_act_greedily_or_by_sampling_as_asked():
     agent.predict(obs, deterministic=True)
     assert seen == [True, False]
     seen.clear()
-    assert agent.evaluate(2) == [2.0, 2.0]
+    assert agent.evaluate(2) == [3.0, 3.0]
     greedy, seen[:] = seen[:], []
-    assert agent.evaluate(1, deterministic=False) == [2.0]
+    assert agent.evaluate(1, deterministic=False) == [3.0]
     assert greedy and not any(greedy) and seen and all(seen)
 
 
@@ -514,11 +497,14 @@ def test_an_agent_made_or_loaded_to_act_with_learns_from_its_weights_in_a_new_di
     assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
 
 
-class _PairObsEnv(_PayingEnv):
-    """_PayingEnv whose observation is a pair: a Tuple of a Box and a Dict."""
-    observation_space = gym.spaces.Tuple((
-        gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
-        gym.spaces.Dict({"b": gym.spaces.Box(-1.0, 1.0, (1,), np.float32)})))
+class _PairObsEnv(CountEnv):
+    """CountEnv whose observation is a pair: a Tuple of a Box and a Dict."""
+
+    def __init__(self):
+        super().__init__(2)
+        self.observation_space = gym.spaces.Tuple((
+            gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+            gym.spaces.Dict({"b": gym.spaces.Box(-1.0, 1.0, (1,), np.float32)})))
 
     def _obs(self):
         return np.zeros(2, np.float32), {"b": np.zeros(1, np.float32)}
@@ -535,16 +521,17 @@ class _PairObsEnv(_PayingEnv):
 def test_an_observation_that_is_a_pair_of_a_value_and_a_dict_is_not_taken_for_reset_output():
     """predict() refuses (observation, info) from env.reset(), but an env whose observation
     space is a Tuple of two, the second a Dict, gives such pairs as its observations."""
-    agent = _nano(_PairObsEnv(1.0))
-    action, _ = agent.predict(_PairObsEnv(1.0)._obs())
+    agent = _nano(_PairObsEnv())
+    action, _ = agent.predict(_PairObsEnv()._obs())
     assert int(action) in (0, 1)
 
 
 def test_a_run_on_an_env_instance_resumes_in_the_instance_passed(tmp_path):
     """Dreamer.load(run, resume=True, env=...) goes on in the env given then, not in the one
     the run was started with."""
-    with _nano(_PayingEnv(1.0), run_dir=tmp_path / "run", train__prefill=10**6) as agent:
+    with _nano(CountEnv(2), run_dir=tmp_path / "run", train__prefill=10**6) as agent:
         agent.learn(4)
-    with Dreamer.load(tmp_path / "run", resume=True, env=_PayingEnv(5.0)) as again:
+    # episodes of 4 steps return 1 + 2 + 3 + 4 where the first instance's returned 3
+    with Dreamer.load(tmp_path / "run", resume=True, env=CountEnv(4)) as again:
         assert again.trainer.counters["env_steps"] == 4
         assert again.evaluate(1) == [10.0]
