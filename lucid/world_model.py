@@ -319,17 +319,20 @@ class WorldModel(nn.Module):
         idx = unimix_index(self.prior_logits(h), self.unimix, u)
         return h, (idx if not z.is_floating_point() else one_hot(idx, self.K, h.dtype))
 
-    def imagine(self, policy, h: torch.Tensor, z: torch.Tensor, horizon: int):
+    def imagine(self, policy, h: torch.Tensor, z: torch.Tensor, horizon: int,
+                noise: torch.Tensor | None = None):
         """Roll the prior forward `horizon` steps from N start states with `policy(feat) ->
         action`, with straight-through samples so that gradients can flow through the
         dynamics (continuous actions, `continuous_grad=dynamics`; REINFORCE uses `dream`).
-        Returns feats (H+1, N, F) of steps 0..H and actions (H, N, A) of steps 0..H-1."""
+        `noise` (H, N, G, 1): the latents' uniforms, drawn beforehand (`latent_noise`); the
+        same uniforms and actions give `dream`'s latents. Returns feats (H+1, N, F) of steps
+        0..H and actions (H, N, A) of steps 0..H-1."""
         feats, actions = [self.feat(h, z)], []
-        for _ in range(horizon):
+        for t in range(horizon):
             a = policy(feats[-1])
             actions.append(a)
             h = self.sequence(h, z, a)
-            z = onehot_sample(self.prior_logp(h))
+            z = onehot_sample(self.prior_logp(h), u=None if noise is None else noise[t])
             feats.append(self.feat(h, z))
         return torch.stack(feats), torch.stack(actions)
 

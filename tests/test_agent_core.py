@@ -279,6 +279,46 @@ def test_imagined_latents_are_drawn_from_the_unimixed_prior(path):
     assert chi2 < 36 + 8 * np.sqrt(2 * 36), chi2  # mean 36, sd 8.5: ~6 sd of room
 
 
+@pytest.mark.parametrize("act,gather", [(DISCRETE, False), (DISCRETE, True), (MIXED, False)])
+def test_imagine_given_dreams_random_numbers_dreams_the_same_rollout(act, gather):
+    """`imagine` (straight-through latents, gradients through the dynamics) and `dream`
+    (REINFORCE: no gradients, random numbers drawn first, latents gathered or one-hot) are
+    one process: fed the action noise and the latents' uniforms that `dream` draws (in that
+    order: its docstring), `imagine`, with gradients on, takes the same actions and the same
+    latent classes at every step, and its features are dream's. The chi-square test above
+    checks the distribution; this ties the two code paths draw by draw."""
+    agent = make_agent(act, seed=5)
+    wm, actor = agent.wm, agent.actor
+    N, H = 64, 6
+    torch.manual_seed(7)
+    h = wm.initial(N).h + 0.5 * torch.randn(N, wm.D)
+    z = torch.eye(wm.K)[torch.randint(wm.K, (N, wm.G))]
+    torch.manual_seed(8)
+    with torch.no_grad():
+        feats_d, acts_d = wm.dream(actor, h, z, H, gather=gather)
+    feats_d = feats_d.to_dense() if gather else feats_d
+    torch.manual_seed(8)
+    act_u, lat_u = actor.noise(H, N), wm.latent_noise(H, N)
+    steps = iter(act_u)
+    feats_i, acts_i = wm.imagine(lambda f: actor.sample(actor.params(f), next(steps)),
+                                 h, z, H, noise=lat_u)
+    assert feats_i.requires_grad  # the straight-through path, not a no-grad rerun
+    classes = (lambda f: f[..., wm.D:].reshape(H + 1, N, wm.G, wm.K).argmax(-1))
+    assert torch.equal(classes(feats_i), classes(feats_d))
+    assert len(classes(feats_d)[1:].unique()) == wm.K  # the latents do vary
+    torch.testing.assert_close(feats_i.detach(), feats_d, atol=1e-5, rtol=1e-5)
+    n_cat = act.n_discrete
+    # straight-through one-hots are sample + p - sg(p): the sample up to rounding
+    assert torch.equal(acts_i[..., :n_cat].argmax(-1), acts_d[..., :n_cat].argmax(-1))
+    torch.testing.assert_close(acts_i.detach(), acts_d, atol=1e-6, rtol=1e-6)
+    assert len(acts_d[..., :n_cat].argmax(-1).unique()) == n_cat  # both classes are taken
+    # other uniforms: other latents (the uniforms are what imagine samples from)
+    steps = iter(act_u)
+    other, _ = wm.imagine(lambda f: actor.sample(actor.params(f), next(steps)), h, z, H,
+                          noise=torch.rand_like(lat_u))
+    assert not torch.equal(classes(other), classes(feats_d))
+
+
 # --------------------------------------------------------------------------- world-model loss
 
 
