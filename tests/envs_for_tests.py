@@ -146,6 +146,29 @@ class LaterBrokenEnv(gym.Env):
         return self._obs(), 1.0, False, self.t >= 50, {}
 
 
+class ClosedEnv(CountEnv):
+    """CountEnv that keeps its instances (class attribute `made`), each with `closed` set by
+    close(), as a simulator whose process lives until it is closed; `fail_at` > 0 raises in
+    that step of an episode."""
+    made: list = []
+
+    def __init__(self, fail_at: int = 0, render_mode=None):
+        super().__init__()
+        self.fail_at, self.closed, self.render_mode = fail_at, False, render_mode
+        type(self).made.append(self)
+
+    def render(self):
+        return np.zeros((4, 4, 3), np.uint8) if self.render_mode == "rgb_array" else None
+
+    def step(self, action):
+        if self.t + 1 == self.fail_at:
+            raise RuntimeError("ClosedEnv: the simulator died")
+        return super().step(action)
+
+    def close(self):
+        self.closed = True
+
+
 class OneInstanceEnv(CountEnv):
     """CountEnv that can be built once per process (the start-up check), as a simulator whose
     licence allows one instance: the training env's construction raises."""

@@ -439,6 +439,22 @@ def test_check_notes_episodes_that_never_end_and_its_episodes_follow_the_seed():
     assert f"1 episode ended, rewards in [0, {env.ret:g}], mean return {env.ret:g}" in r.output
 
 
+def test_check_closes_every_env_it_makes_also_when_the_rollout_fails():
+    """`lucid check` makes an env for the spaces, one for the rollout and one for a frame:
+    each is closed when it is done with it, whether the rollout ends or an env step raises
+    (a simulator left open keeps its process)."""
+    from envs_for_tests import ClosedEnv
+    out = {}
+    for case, args, code, made in (("ends", [], 0, 3), ("fails", ["env.kwargs.fail_at=3"], 2, 2)):
+        ClosedEnv.made.clear()
+        r = runner.invoke(app, ["check", "envs_for_tests:ClosedEnv", "--steps", "6", *args])
+        assert r.exit_code == code, r.output
+        assert len(ClosedEnv.made) == made and all(e.closed for e in ClosedEnv.made), r.output
+        out[case] = r.output
+    assert "videos: yes (4x4 frames)" in out["ends"]
+    assert "at random step 3 (step()): RuntimeError: ClosedEnv" in out["fails"]
+
+
 def test_checks_random_actions_follow_run_seed():
     """The random actions come from run.seed: a check repeats itself, and another seed takes
     other actions (EchoEnv pays 10 x each action, so the returns tell)."""
