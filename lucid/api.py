@@ -247,7 +247,9 @@ class Dreamer:
         own files are never written to. With `resume`, `path` is a run directory and
         learning continues in it, with its replay, counters and logs, as `lucid train
         --resume` does. `env` (a name or an instance) replaces the saved env; an agent
-        trained on an env instance needs one, since a checkpoint holds only the env's name."""
+        trained on an env instance needs one, since a checkpoint holds only the env's name.
+        A resumed run goes on in its own env: `env` is refused there unless the run was
+        trained on an instance (then its spaces must fit) or names the run's env."""
         path = Path(path)
         if resume:
             return cls._resume(path, run_dir, device, env)

@@ -87,8 +87,11 @@ def check_resumable(saved: Config, cfg: Config, where: Path) -> None:
     """Refuse a resume whose config.yaml changed what the checkpoint and replay were built
     for, naming every changed key, before anything is loaded."""
     old, new = flatten(as_dict(saved)), flatten(as_dict(cfg))
-    if all(c["env.id"].startswith(INSTANCE_PREFIX) for c in (old, new)):
-        del old["env.id"], new["env.id"]  # an instance's name does not outlive its process
+    if old["env.id"].startswith(INSTANCE_PREFIX):
+        # An instance's name does not outlive its process: such a run goes on in the env
+        # given again (an instance, or a name that makes the same env), whose spaces must
+        # fit the checkpoint when it is loaded.
+        del old["env.id"], new["env.id"]
     for key in ("env.id", "model.agent"):  # file.py:Attr moved with its project
         if key in old and all(is_file_id(c.get(key, "")) for c in (old, new)) \
                 and env_label(old[key]) == env_label(new[key]):
@@ -102,6 +105,22 @@ def check_resumable(saved: Config, cfg: Config, where: Path) -> None:
         raise ConfigError(f"{where} changed what this run's checkpoint and replay were made "
                           f"for: {'; '.join(changed)}. Put those values back to resume or load "
                           f"it, or start a new run with the new settings")
+
+
+def resumed_env(saved: str, given: str) -> str:
+    """The env id a resume continues in when given `given` (Dreamer.load(..., resume=True,
+    env=...)): a run on an env instance goes on in the env given, whose spaces must fit its
+    checkpoint; a run on a named env only in that env, which it makes again by name (the
+    rule config.yaml edits meet: another env's id would be refused by the next resume)."""
+    if saved.startswith(INSTANCE_PREFIX) or given == saved or (
+            is_file_id(saved) and is_file_id(given) and env_label(saved) == env_label(given)):
+        return given
+    what = (f"an env instance ({env_label(given)})" if given.startswith(INSTANCE_PREFIX)
+            else repr(given))
+    raise ConfigError(f"this run was trained on {saved!r}, which a resume makes again by name; "
+                      f"leave out env= to continue it (given {what}). To go on learning with "
+                      f"its weights in another env, load it without resume: Dreamer.load(path, "
+                      f"env=...) learns into a new run directory")
 
 
 def resume_hint(env_id: str, run_dir) -> str:
@@ -329,7 +348,7 @@ class Trainer:
             check_resumable(from_yaml(payload["config"], where=f"the config stored in {found}"),
                             saved, self.run_dir / "config.yaml")
             if env is not None:
-                saved.env.id = env
+                saved.env.id = resumed_env(saved.env.id, env)
             saved.run.steps = cfg.run.steps or saved.run.steps
             for key in settings:
                 if key not in RESUME_SETTABLE:

@@ -526,6 +526,48 @@ def test_an_observation_that_is_a_pair_of_a_value_and_a_dict_is_not_taken_for_re
     assert int(action) in (0, 1)
 
 
+def test_a_resume_goes_on_in_the_runs_own_env_or_names_an_instance_runs_env(tmp_path):
+    """Dreamer.load(run, resume=True, env=...): a run on a named env is refused another name
+    or an instance (the rule a config.yaml edit meets), with its config.yaml as it was, and
+    accepts its own name; a run on an instance accepts a name that makes the same env, and is
+    then resumable by name (the command line's `Trainer(..., resume=True)`), as it is when
+    its config.yaml is given that name by hand."""
+    named = tmp_path / "named"
+    with _nano("envs_for_tests:CountEnv", run_dir=named, train__prefill=10**6) as agent:
+        agent.learn(4)
+    yaml_before = (named / "config.yaml").read_text()
+    for env, what in (("envs_for_tests:EchoEnv", "'envs_for_tests:EchoEnv'"),
+                      (CountEnv(), r"an env instance \(CountEnv\)")):
+        with pytest.raises(ConfigError, match=r"trained on 'envs_for_tests:CountEnv', which a "
+                                              rf"resume makes again by name.*given {what}"):
+            Dreamer.load(named, resume=True, env=env)
+        assert (named / "config.yaml").read_text() == yaml_before
+    with Dreamer.load(named, resume=True, env="envs_for_tests:CountEnv") as again:
+        again.learn(2)
+        assert again.trainer.counters["env_steps"] == 6
+
+    def by_name(run):  # what `lucid train --resume RUN` builds
+        return Trainer(make_config("default", run={"steps": 0}), run, resume=True)
+
+    for how in ("env=", "config.yaml"):
+        run = tmp_path / how
+        with _nano(CountEnv(2), run_dir=run, train__prefill=10**6) as agent:
+            agent.learn(4)
+        if how == "env=":
+            with Dreamer.load(run, resume=True, env="envs_for_tests:CountEnv") as again:
+                assert again.cfg.env.id == "envs_for_tests:CountEnv"
+                again.learn(3)  # episodes of 3 steps now, the named env's default
+                assert again.evaluate(1) == [6.0]
+        else:
+            text = (run / "config.yaml").read_text()
+            saved = yaml.safe_load(text)["env"]["id"]
+            (run / "config.yaml").write_text(text.replace(saved, "envs_for_tests:CountEnv"))
+        tr = by_name(run)
+        assert tr.cfg.env.id == "envs_for_tests:CountEnv"
+        assert tr.counters["env_steps"] == (7 if how == "env=" else 4)
+        tr.close()
+
+
 def test_a_run_on_an_env_instance_resumes_in_the_instance_passed(tmp_path):
     """Dreamer.load(run, resume=True, env=...) goes on in the env given then, not in the one
     the run was started with."""
