@@ -55,11 +55,12 @@ COMPILE_CHUNK = 8
 
 def _check_trained(opt, params: list, optimizers: dict) -> None:
     """A network replaced after Agent.__init__ would silently never train (its optimiser holds
-    the old one's parameters): refuse it, naming the way that works."""
+    the old one's parameters): refuse it, naming the way that works. Each of `params` must be
+    in `opt` (which may hold more: a subclass's extra parameter group)."""
     held = {id(p) for g in opt.param_groups for p in g["params"]}
-    if {id(p) for p in params} != held:
+    if not {id(p) for p in params} <= held:
         name = next(k for k, o in optimizers.items() if o is opt)
-        raise RuntimeError(
+        raise ConfigError(
             f"the {name}'s parameters are not the ones its optimiser was made over: a module "
             f"replaced after Agent.__init__ would never train. Return it from "
             f"Agent.build_{name} in a subclass "
@@ -396,6 +397,15 @@ class Agent:
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"world_model": self.opt_wm, "actor": self.opt_actor, "critic": self.opt_critic}
 
+    def check_optimisers(self) -> None:
+        """Refuse a network assigned after the optimisers were made (`agent.actor.head =
+        ...`, in a subclass's __init__ or on an agent at hand), before a run starts: each
+        network's parameters must be in its optimiser (as the first update checks those it
+        steps)."""
+        for opt, net in ((self.opt_wm, self.wm), (self.opt_actor, self.actor),
+                         (self.opt_critic, self.critic.net)):
+            _check_trained(opt, list(net.parameters()), self.optimizers())
+
     def state_dict(self) -> dict:
         return {
             "modules": {k: m.state_dict() for k, m in self.modules().items()},
@@ -420,7 +430,10 @@ class Agent:
                         f"checkpoint does not match this agent: {k}.{name} has shape "
                         f"{tuple(theirs[name].shape)} there but {tuple(tensor.shape)} here "
                         f"({_follows(k, name)}); use the same model size and "
-                        f"observation/action spaces")
+                        f"observation/action spaces" + (
+                            f", and networks of model.agent={self.config.model.agent} as "
+                            f"they were when it was saved" if self.config.model.agent
+                            else ""))
             m.load_state_dict(theirs)
         for k, o in self.optimizers().items():
             o.load_state_dict(state["optimizers"][k])

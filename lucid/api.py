@@ -286,12 +286,12 @@ class Dreamer:
 
     def _start_run(self) -> None:
         """The run of an agent made or loaded to act with: a directory (run_dir, else a
-        fresh one), env runners and a replay, with the agent's weights, optimiser state and
+        fresh one), env runners and a replay, training `self.agent` itself (what was done
+        to it, a hook or a swapped network, holds: the latter is refused), with the
         counters."""
-        trainer = Trainer(self.cfg, self._run_dir)
-        trainer.agent.load_state_dict(self.agent.state_dict())
+        trainer = Trainer(self.cfg, self._run_dir, agent=self.agent)
         trainer.counters.update(self.trainer.counters)
-        self.trainer, self.agent = trainer, trainer.agent
+        self.trainer = trainer
 
     @classmethod
     def _resume(cls, path: Path, run_dir, device: str, env) -> "Dreamer":

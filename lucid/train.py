@@ -307,7 +307,8 @@ class Trainer:
     """Owns the agent, replay, collector and counters of one run directory."""
 
     def __init__(self, cfg: Config, run_dir: Path | str | None = None, resume: bool = False,
-                 learn: bool = True, env: str | None = None, settings: tuple[str, ...] = ()):
+                 learn: bool = True, env: str | None = None, settings: tuple[str, ...] = (),
+                 agent=None):
         """A new run in `run_dir` (or cfg.run.run_dir, else a fresh directory under runs/),
         or with `resume` the run saved there, continued with `cfg`'s run.steps (when not 0)
         and run.device, and `cfg`'s values of the `settings` keys (of RESUME_SETTABLE).
@@ -315,7 +316,8 @@ class Trainer:
         and no env runners start (without `resume`, there is no run directory: an agent to
         act and evaluate with). `env` (with `resume`) replaces the
         saved env id: a run on an env instance (Dreamer(MyEnv())) continues with the
-        instance given again."""
+        instance given again. `agent` (a new run): the Agent of `cfg` to train, as it is
+        (Dreamer's agent before its first learn()), instead of a new one."""
         # Data-parallel learners (torchrun): rank 0's run directory is everyone's.
         self.dist = distributed.DataParallel(cfg.run.device) if distributed.launched() else None
         self.rank = self.dist.rank if self.dist else 0
@@ -325,14 +327,14 @@ class Trainer:
         self._lock: ckpt.RunLock | None = None  # a learning rank 0's, from _hold() to close()
         self._made_dir: Path | None = None  # the new run's directory, where this start made it
         try:
-            self._build(cfg, run_dir or cfg.run.run_dir, resume, learn, env, settings)
+            self._build(cfg, run_dir or cfg.run.run_dir, resume, learn, env, settings, agent)
         except BaseException:
             self._discard_failed_start()  # while the lock still keeps other processes out
             self._release()
             raise
 
     def _build(self, cfg: Config, given, resume: bool, learn: bool, env: str | None,
-               settings: tuple[str, ...]) -> None:
+               settings: tuple[str, ...], agent) -> None:
         if resume:
             self.run_dir = Path(given)
             if self.dist is not None:
@@ -377,6 +379,10 @@ class Trainer:
             tune_malloc()
         seed_everything(cfg.run.seed + 7919 * self.rank)
         self.agent = agent_cls(self.obs_spec, self.act_spec, cfg, self.device)
+        if agent is not None:  # made as this one was (the same draws: runs repeat by seed)
+            self.agent = agent
+        if learn:  # a network assigned after the optimisers were made would never train
+            self.agent.check_optimisers()
         # A new run's ranks > 0 make their replay (memory-mapped: files in the run directory)
         # once every rank has started, so that rank 0, which takes the directory away when
         # its start fails, cannot race one of them writing into it.

@@ -526,6 +526,30 @@ def test_an_observation_that_is_a_pair_of_a_value_and_a_dict_is_not_taken_for_re
     assert int(action) in (0, 1)
 
 
+def test_learn_trains_the_dreamers_own_agent_object(tmp_path):
+    """Dreamer.agent is what learn() trains, not a copy made at the first learn(): a hook
+    registered before it sees the updates, and the object holds the trained weights; a
+    network swapped into it before learn() is refused as it is in a subclass (the optimiser
+    holds the old one), not as a checkpoint that does not fit, and makes no directory."""
+    small = {"train__prefill": 8, "train__batch_size": 2, "train__batch_length": 4,
+             "train__train_ratio": 8}
+    agent = _nano(CountEnv(3), run_dir=tmp_path / "run", **small)
+    obj, calls = agent.agent, []
+    obj.actor.head.register_forward_hook(lambda *_: calls.append(1))
+    before = [p.detach().clone() for p in obj.actor.parameters()]
+    agent.learn(12)
+    assert agent.agent is obj and agent.trainer.agent is obj
+    assert agent.trainer.counters["updates"] == 4 and calls
+    assert all(not torch.equal(a, b) for a, b in zip(before, obj.actor.parameters()))
+    agent.close()
+    swapped = _nano(CountEnv(3), run_dir=tmp_path / "swapped", **small)
+    swapped.agent.actor.head = torch.nn.Linear(swapped.agent.wm.feat_dim, 2)
+    with pytest.raises(ConfigError, match=r"actor's parameters are not the ones its optimiser"
+                                          r".*build_actor"):
+        swapped.learn(12)
+    assert not (tmp_path / "swapped").exists()
+
+
 def test_a_resume_goes_on_in_the_runs_own_env_or_names_an_instance_runs_env(tmp_path):
     """Dreamer.load(run, resume=True, env=...): a run on a named env is refused another name
     or an instance (the rule a config.yaml edit meets), with its config.yaml as it was, and

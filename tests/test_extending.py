@@ -150,13 +150,48 @@ def test_a_prior_changed_in_prior_logits_reaches_every_path_and_derived_override
             type("Mine", (WorldModel,), {name: lambda self, *a: None})
 
 
-def test_a_network_swapped_in_after_the_optimisers_were_made_is_refused():
+SWAPPED = r"actor's parameters are not the ones its optimiser was made over.*Agent\.build_actor"
+
+
+def test_a_network_swapped_in_after_the_optimisers_were_made_is_refused(tmp_path):
+    """At the first update of an agent at hand, and before a run starts (no directory left
+    behind, one `error:` line from the CLI) for a subclass that assigns a network after
+    Agent.__init__ made the optimisers; one that only adds parameters to an optimiser
+    (another param group) is not refused."""
     agent = Agent(*_spaces(), _cfg("unused"))
     agent.actor.head = torch.nn.Linear(agent.wm.feat_dim, 2)  # the optimiser holds the old one
     batch = _batch(agent)
-    with pytest.raises(RuntimeError, match=r"actor's parameters are not the ones its optimiser "
-                                           r"was made over.*Agent\.build_actor.*model\.agent"):
+    with pytest.raises(ConfigError, match=SWAPPED + r".*model\.agent"):
         agent.train(batch)
+    with pytest.raises(ConfigError, match=SWAPPED):
+        agent.check_optimisers()
+    (tmp_path / "late.py").write_text(textwrap.dedent("""
+        import torch
+        from lucid.agent import Agent
+
+        class LateAgent(Agent):
+            def __init__(self, *args, **kw):
+                super().__init__(*args, **kw)
+                self.critic.net.extra = torch.nn.Linear(3, 3)  # after the optimisers
+
+        class MoreAgent(Agent):  # an extra parameter its world-model optimiser steps too
+            def __init__(self, *args, **kw):
+                super().__init__(*args, **kw)
+                self.temperature = torch.nn.Parameter(torch.ones(()))
+                self.opt_wm.add_param_group({"params": [self.temperature]})
+    """))
+    with pytest.raises(ConfigError, match=r"critic's parameters are not the ones its optimiser"):
+        Trainer(_cfg(tmp_path / "run", agent=f"{tmp_path / 'late.py'}:LateAgent"))
+    assert not (tmp_path / "run").exists()
+    r = CliRunner().invoke(app, ["train", "CartPole-v1", "--size", "nano", "--run-dir",
+                                 str(tmp_path / "cli"), f"model.agent={tmp_path}/late.py:LateAgent"])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "error: the critic's parameters are not the ones" in r.output
+    assert not (tmp_path / "cli").exists()
+    cfg = _cfg("unused", agent=f"{tmp_path / 'late.py'}:MoreAgent")
+    more = agent_class(cfg)(*_spaces(), cfg)
+    more.check_optimisers()
+    more.train(_batch(more))  # the update's check too
 
 
 def test_a_checkpoint_of_other_networks_names_what_differs(tmp_path):
@@ -172,6 +207,19 @@ def test_a_checkpoint_of_other_networks_names_what_differs(tmp_path):
                                          r"which this agent has not;.*"
                                          r"\(model\.agent=lucid\.agent:Agent\)"):
         plain.load_state_dict(mine.state_dict())
+    # the subclass's network edited since (32 -> 48 units): its shapes differ, and the
+    # message names model.agent among what must stay as it was (not for lucid's own Agent)
+    assert AGENT_FILE.count("32") == 2
+    (tmp_path / "wider.py").write_text(AGENT_FILE.replace("32", "48"))
+    wider_cfg = _cfg("unused", agent=f"{tmp_path / 'wider.py'}:MyAgent")
+    wider = agent_class(wider_cfg)(*_spaces(), wider_cfg)
+    with pytest.raises(ValueError, match=r"actor\.head\.inp\.weight has shape \(32, \d+\) there "
+                                         r"but \(48, \d+\) here.*and networks of model\.agent="
+                                         r".*wider\.py:MyAgent as they were when it was saved"):
+        wider.load_state_dict(mine.state_dict())
+    other = Agent(*_spaces(), _cfg("unused", size="micro"))
+    with pytest.raises(ValueError, match=r"observation/action spaces$"):
+        other.load_state_dict(plain.state_dict())
 
 
 def test_model_agent_must_name_a_subclass_of_agent():
