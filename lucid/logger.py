@@ -229,6 +229,8 @@ class Logger:
             self._eval_eps.append(row)
             return
         self._flush_eval()
+        if row.get("cut"):  # cut short by an env crash: a part of a return, kept out of curves
+            return
         self._scalars({"episode/return": row["return"], "episode/length": row["length"]}, step)
         if self.histogram_every:  # only kept to be written (and emptied) every N rows
             self._hist["return"].append(float(row["return"]))

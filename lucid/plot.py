@@ -114,7 +114,7 @@ def load_run(run_dir: str | Path) -> Run:
     config = {k: v for k, v in config.items() if k in known or k.startswith("env.kwargs.")}
     rows = read_jsonl(path / "episodes.jsonl")
     return Run(path, {**config_defaults(), **config} if config else {},
-               episodes=[r for r in rows if not r.get("eval")],
+               episodes=[r for r in rows if not r.get("eval") and not r.get("cut")],
                eval_rows=[r for r in rows if r.get("eval")],
                metrics=read_jsonl(path / "metrics.jsonl"))
 

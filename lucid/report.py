@@ -76,7 +76,7 @@ def summary(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     eps = read_jsonl(run_dir / "episodes.jsonl")
     metrics = read_jsonl(run_dir / "metrics.jsonl")
-    train = [e for e in eps if not e.get("eval")]
+    train = [e for e in eps if not e.get("eval") and not e.get("cut")]  # cut: an env crash's
     greedy = [e for e in eps if e.get("eval") and e.get("policy", "greedy") == "greedy"]
     out: dict = {}
     last = metrics[-1] if metrics else {}
@@ -88,6 +88,9 @@ def summary(run_dir: str | Path) -> dict:
         out["train episodes"] = len(rets)
         out["return, last 10 train episodes (mean)"] = float(rets[-10:].mean())
         out["return, best train episode"] = float(rets.max())
+    cut = sum(1 for e in eps if e.get("cut"))
+    if cut:
+        out["episodes cut short by an env crash (left out above)"] = cut
     if greedy:
         at = max(e["env_steps"] for e in greedy)
         last_eval = [e["return"] for e in greedy if e["env_steps"] == at]

@@ -713,10 +713,15 @@ class Trainer:
         for ep in finished:
             c["episodes"] += 1
             self.achievements.update(ep.info)  # Crafter's final counts, else nothing
-            self.recent = (self.recent + [ep.ret])[-10:]
+            # An episode that the env's crash cut short (env.max_restarts) is logged marked
+            # `cut` and left out of the returns that judge the agent (the recent mean,
+            # run.target_return, curves and reports): its return is only a part.
+            cut = bool(ep.info.get("env_restarted"))
+            if not cut:
+                self.recent = (self.recent + [ep.ret])[-10:]
             s.logger.episode({"env_steps": c["env_steps"], "return": ep.ret,
                               "length": ep.length, "wall_time": time.time() - s.start,
-                              "eval": False})
+                              "eval": False, **({"cut": True} if cut else {})})
             if callback is not None:  # None goes on, any other falsy value stops
                 go_on = callback({**c, "return": ep.ret, "length": ep.length, "info": ep.info})
                 if go_on is not None and not go_on:

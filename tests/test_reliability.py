@@ -328,6 +328,38 @@ def test_crashing_env_is_restarted_and_training_goes_on(tmp_path, capsys):
     assert [r["train/env_restarts"] for r in rows[:len(seen)]] == seen and seen[-1] >= 4
 
 
+def test_an_episode_an_env_crash_cut_short_is_marked_and_kept_out_of_the_returns(tmp_path):
+    """FlakyEnv's episodes return 20 unless a crash cuts them: those rows are marked `cut`
+    and left out of the recent mean (and so run.target_return), TensorBoard's
+    episode/return, `lucid plot`'s curves and `lucid report`'s numbers, which count them;
+    the callback sees them with info["env_restarted"]."""
+    from lucid.plot import load_run
+    from lucid.report import summary
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    FlakyEnv.calls = 0
+    cfg = _cfg(tmp_path, env={"id": "test_reliability:make_flaky", "num_envs": 1},
+               train={"prefill": 10**6}, run={"steps": 200, "logger": "tensorboard"})
+    seen = []
+    with Trainer(cfg) as tr:
+        tr.run(callback=seen.append)
+    rows = [json.loads(line) for line in open(tmp_path / "episodes.jsonl")]
+    cut = [r for r in rows if r.get("cut")]
+    assert len(cut) >= 4 and all(r["return"] < 20 for r in cut)
+    assert all(r["return"] == 20 for r in rows if "cut" not in r)
+    assert [bool(i["info"].get("env_restarted")) for i in seen] == [
+        "cut" in r for r in rows] and len(rows) > len(cut)
+    assert tr.recent == [20.0] * len(tr.recent)
+    metrics = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert {m["episode/return_recent"] for m in metrics if "episode/return_recent" in m} == {20}
+    assert {r["return"] for r in load_run(tmp_path).episodes} == {20}
+    numbers = summary(tmp_path)
+    assert numbers["episodes cut short by an env crash (left out above)"] == len(cut)
+    assert numbers["return, best train episode"] == 20
+    assert numbers["train episodes"] == len(rows) - len(cut)
+    acc = EventAccumulator(str(tmp_path / "tb")).Reload()
+    assert {e.value for e in acc.Scalars("episode/return")} == {20}
+
+
 def test_a_resumed_run_counts_the_env_restarts_before_it(tmp_path):
     FlakyEnv.calls = 0
     cfg = _cfg(tmp_path, env={"id": "test_reliability:make_flaky", "num_envs": 2},
