@@ -129,7 +129,7 @@ def group_runs(runs: Sequence[Run], names: Sequence[str] | None = None
     seeds, by `names` (one per group in the order of their first runs) or else by the config
     keys that differ between groups: the env's name first, then the run.tag itself
     ("untagged" for ""), then `key=value`, three at most. One group is labelled by its env
-    and its tag, if any."""
+    and its tag, if any; groups that three keys leave alike, by every differing key."""
     groups: dict[tuple, list[Run]] = {}
     for r in runs:
         groups.setdefault(config_key(r), []).append(r)
@@ -140,6 +140,12 @@ def group_runs(runs: Sequence[Run], names: Sequence[str] | None = None
     differing = sorted({k for key in keys for k, _ in key
                         if len({dict(other).get(k) for other in keys}) > 1},
                        key=lambda k: (k != "env.id", k != "run.tag", k))
+    def describe(cfg: dict, most: int | None = 3) -> str:
+        shown = differing[:most]
+        more = len(differing) - len(shown)
+        return ", ".join(_describe(k, cfg) for k in shown) + (f", +{more} more" if more else "")
+
+    short = [describe(m[0].config) for m in groups.values()]
     labels: dict[str, list[Run]] = {}
     for i, members in enumerate(groups.values()):
         cfg = members[0].config
@@ -149,9 +155,8 @@ def group_runs(runs: Sequence[Run], names: Sequence[str] | None = None
             env = cfg.get("env.id")
             label = ", ".join(filter(None, [_env(env) if env is not None else
                                             members[0].path.name, cfg.get("run.tag")]))
-        else:
-            label = ", ".join(_describe(k, cfg) for k in differing[:3])
-            label += f", +{len(differing) - 3} more" if len(differing) > 3 else ""
+        else:  # every differing key where three leave this group's label another's
+            label = short[i] if short.count(short[i]) == 1 else describe(cfg, None)
         n = len(members)
         label = f"{label} ({n} seed{'s' if n != 1 else ''})"
         while label in labels:
@@ -262,8 +267,8 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_ste
     for i, (label, members) in enumerate(groups.items()):
         colour = f"C{i % 10}"
         grid, mean, low, high, count = group_curve(members, x, window, band=band, y=y)
-        if len(grid):
-            ax.plot(grid, mean, color=colour, label=label)
+        if len(grid):  # a lone point (one logged row) as a marker: a line would not show
+            ax.plot(grid, mean, color=colour, label=label, marker="o" if len(grid) == 1 else None)
             if len(members) > 1:
                 ax.fill_between(grid, low, high, color=colour, alpha=0.2, linewidth=0)
         ex = [r for m in members for r in m.eval_rows if r.get("policy", "greedy") == "greedy"]

@@ -383,6 +383,35 @@ def test_plot_groups_runs_by_tag_and_labels_them_by_it(tmp_path):
         "small-actor, model.agent=my_agent.py:MyAgent (1 seed)"]
 
 
+def test_plot_labels_groups_that_three_keys_leave_alike_by_every_differing_key(tmp_path):
+    """Four keys differ; the first three (env, tag, then by name) are the same for two
+    groups: those two are labelled by all four, the others by three and a count."""
+    keys = ["run.tag=t", "train.actor_lr=0.001", "train.batch_size=4"]
+    a = _synthetic_run(tmp_path / "a", 0, [*keys, "train.free_nats=0.5"])
+    b = _synthetic_run(tmp_path / "b", 0, [*keys, "train.free_nats=2.0"])
+    c = _synthetic_run(tmp_path / "c", 0)
+    assert list(group_runs([load_run(r) for r in (a, b, c)])) == [
+        "t, train.actor_lr=0.001, train.batch_size=4, train.free_nats=0.5 (1 seed)",
+        "t, train.actor_lr=0.001, train.batch_size=4, train.free_nats=2.0 (1 seed)",
+        "untagged, train.actor_lr=0.0003, train.batch_size=8, +1 more (1 seed)"]
+
+
+def test_plot_draws_a_curve_of_one_point_as_a_marker(tmp_path, monkeypatch):
+    """A short run logs one metrics row: its curve is one point, drawn as a marker (a line
+    of one point draws nothing); longer curves stay lines."""
+    one = _synthetic_run(tmp_path / "one", 0)
+    rows = [json.loads(line) for line in open(one / "metrics.jsonl")]
+    (one / "metrics.jsonl").write_text(json.dumps(rows[1]) + "\n")
+    markers = []
+    save = video.save_figure
+    monkeypatch.setattr("lucid.plot.save_figure", lambda fig, path, dpi: (
+        markers.append([ln.get_marker() for ln in fig.axes[0].lines]), save(fig, path, dpi))[1])
+    plot_runs([one], tmp_path / "one.png", y="world_model/loss")
+    plot_runs([_synthetic_run(tmp_path / "many", 0)], tmp_path / "many.png",
+              y="world_model/loss")
+    assert markers == [["o"], ["None"]]
+
+
 def test_plot_reads_a_key_missing_from_an_old_config_as_its_default(tmp_path):
     new = _synthetic_run(tmp_path / "new", 0)
     old = _synthetic_run(tmp_path / "old", 1, drop=["train.actor_baseline_grad"])
