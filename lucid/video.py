@@ -425,22 +425,31 @@ def open_loop(agent, batch: dict, context: int = 5, horizon: int | None = None,
                     vectors=list(spec.vectors))
 
 
+PLOT_PANELS = 24  # plot_open_loop's most panels (dimensions) in one figure
+
+
 def plot_open_loop(result: OpenLoop, path: str | Path, key: str | None = None,
                    row: int = 0) -> Path:
-    """A PNG of one batch row's vector observations: truth and prediction per dimension over
-    time, the dream region shaded (for envs whose states cannot be rendered)."""
+    """A PNG of one batch row's vector observations, every key (or `key`): truth and
+    prediction per dimension over time, the dream region shaded (for envs whose states cannot
+    be rendered). The first PLOT_PANELS dimensions, in the observation's key order; the
+    title says how many are left out."""
     plt = pyplot()
-    key = key or result.vectors[0]
-    truth, pred = result.truth[key][row], result.pred[key][row]
-    D = truth.shape[-1]
-    fig, axes = plt.subplots(D, 1, figsize=(6, 1.6 * D + 0.5), sharex=True, squeeze=False)
-    for d, ax in enumerate(axes[:, 0]):
-        ax.plot(truth[:, d], "k-", label="truth")
-        ax.plot(pred[:, d], "C3--", label="model")
+    keys = [key] if key else result.vectors
+    panels = [(k, d) for k in keys for d in range(result.truth[k].shape[-1])]
+    shown = panels[:PLOT_PANELS]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(6, 1.6 * len(shown) + 0.5), sharex=True,
+                             squeeze=False)
+    for (k, d), ax in zip(shown, axes[:, 0]):
+        ax.plot(result.truth[k][row, :, d], "k-", label="truth")
+        ax.plot(result.pred[k][row, :, d], "C3--", label="model")
         ax.axvspan(result.context - 0.5, result.length - 0.5, color="C3", alpha=0.08)
-        ax.set_ylabel(f"{key}[{d}]")
+        ax.set_ylabel(f"{k}[{d}]")
     axes[0, 0].legend(loc="upper right", fontsize=8)
     axes[-1, 0].set_xlabel("step (shaded: dream)")
+    if len(panels) > len(shown):
+        axes[0, 0].set_title(f"the first {len(shown)} of {len(panels)} dimensions "
+                             f"(lucid.video.plot_open_loop(..., key=K) for one key)", fontsize=8)
     return save_figure(fig, path, dpi=80)
 
 

@@ -271,6 +271,34 @@ def test_open_loop_cartpole_renders_dreamed_states_beside_real_ones(trainer, tmp
     assert png.ndim == 3 and png.shape[0] > 4 * 100
 
 
+def test_the_dream_plot_draws_every_vector_key_up_to_its_panel_limit(tmp_path, monkeypatch):
+    """A Dict observation's keys each get their dimensions' panels (not only the first key);
+    past PLOT_PANELS dimensions the first ones are drawn and the title says how many;
+    key= draws one key."""
+    rng = np.random.default_rng(0)
+
+    def result(dims: dict) -> video.OpenLoop:
+        data = {k: rng.normal(size=(1, 8, d)) for k, d in dims.items()}
+        return video.OpenLoop(3, 5, data, {k: v + 0.1 for k, v in data.items()},
+                              vectors=list(dims))
+
+    drawn = []
+    save = video.save_figure
+    monkeypatch.setattr("lucid.video.save_figure", lambda fig, path, dpi: (
+        drawn.append(([ax.get_ylabel() for ax in fig.axes], fig.axes[0].get_title(),
+                      fig.axes[1].lines[1].get_ydata().tolist())), save(fig, path, dpi))[1])
+    two = result({"near": 2, "pos": 3})
+    video.plot_open_loop(two, tmp_path / "two.png")
+    assert drawn[-1][:2] == (["near[0]", "near[1]", "pos[0]", "pos[1]", "pos[2]"], "")
+    assert drawn[-1][2] == two.pred["near"][0, :, 1].tolist()  # the prediction, per dimension
+    video.plot_open_loop(two, tmp_path / "pos.png", key="pos")
+    assert drawn[-1][0] == ["pos[0]", "pos[1]", "pos[2]"]
+    video.plot_open_loop(result({"a": 20, "b": 10}), tmp_path / "many.png")
+    labels, title, _ = drawn[-1]
+    assert labels == [f"a[{d}]" for d in range(20)] + [f"b[{d}]" for d in range(4)]
+    assert title.startswith("the first 24 of 30 dimensions")
+
+
 # --------------------------------------------------------------------------- plot, report
 
 
