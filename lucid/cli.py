@@ -164,9 +164,16 @@ def train(
         except (EnvError, NonFiniteError, DiskFullError) as exc:  # each leaves a checkpoint
             _fail(exc)
         if trainer.signalled is not None:  # Ctrl-C or SIGTERM: saved; say so, exit 128 + N
-            typer.echo(f"interrupted at {trainer.counters['env_steps']} of "
-                       f"{trainer.cfg.run.steps} env steps, with a checkpoint; continue with "
-                       f"{trainer.resume_hint()}", err=True)
+            if trainer.counters["env_steps"] >= trainer.cfg.run.steps:  # at the end's writing
+                d = trainer.run_dir
+                typer.echo(f"interrupted after the run's {trainer.cfg.run.steps} env steps, "
+                           f"with a checkpoint: the run is complete, but curves.png and "
+                           f"report.html were not written; make them with `lucid plot {d} "
+                           f"--out {d / 'curves.png'}` and `lucid report {d}`", err=True)
+            else:
+                typer.echo(f"interrupted at {trainer.counters['env_steps']} of "
+                           f"{trainer.cfg.run.steps} env steps, with a checkpoint; continue "
+                           f"with {trainer.resume_hint()}", err=True)
             raise typer.Exit(128 + trainer.signalled)
         # not after Ctrl-C; data-parallel: rank 0 only
         if trainer.cfg.run.videos and not trainer._stop and trainer.rank == 0:

@@ -1,5 +1,8 @@
 """Tiny deterministic environments for tests."""
 
+import os
+import signal
+
 import gymnasium as gym
 import numpy as np
 
@@ -167,6 +170,22 @@ class ClosedEnv(CountEnv):
 
     def close(self):
         self.closed = True
+
+
+class SignalOnRenderEnv(CountEnv):
+    """CountEnv whose first render() of the process sends the process SIGTERM: a run stopped
+    while it writes its end-of-run videos (training renders nothing)."""
+    sent = False
+
+    def __init__(self, render_mode=None):
+        super().__init__()
+        self.render_mode = render_mode
+
+    def render(self):
+        if not SignalOnRenderEnv.sent:
+            SignalOnRenderEnv.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return np.zeros((16, 16, 3), np.uint8)
 
 
 class OneInstanceEnv(CountEnv):

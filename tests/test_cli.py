@@ -67,6 +67,23 @@ def test_unknown_env_is_refused_with_a_suggestion(tmp_path):
     assert "CartPole-v1" in r.output
 
 
+def test_a_signal_while_the_end_is_written_says_the_run_is_complete(tmp_path):
+    """SIGTERM once all env steps are done (at the end-of-run videos): the run is complete,
+    so the message names what was not written and the commands that write it, not a resume
+    that has nothing left to do; exit status 128 + 15."""
+    r = runner.invoke(app, ["train", "envs_for_tests:SignalOnRenderEnv", "--size", "nano",
+                            "--steps", "30", "--run-dir", str(tmp_path), "train.prefill=1000",
+                            "run.progress=false"])
+    assert r.exit_code == 128 + 15, r.output
+    assert (f"interrupted after the run's 30 env steps, with a checkpoint: the run is "
+            f"complete, but curves.png and report.html were not written; make them with "
+            f"`lucid plot {tmp_path} --out {tmp_path / 'curves.png'}` and `lucid report "
+            f"{tmp_path}`") in r.output
+    assert "--resume" not in r.output and not (tmp_path / "report.html").exists()
+    r = runner.invoke(app, ["report", str(tmp_path)])
+    assert r.exit_code == 0 and (tmp_path / "report.html").exists(), r.output
+
+
 def test_train_then_eval_then_resume(tmp_path, monkeypatch):
     for k, v in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
                  "WANDB_CONFIG_DIR": str(tmp_path.parent / "c"),
