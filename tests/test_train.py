@@ -328,6 +328,20 @@ def test_a_resumed_trainer_run_twice_keeps_the_rows_of_its_first_run(tmp_path):
     assert steps == list(range(2, 42, 2))
 
 
+def test_env_steps_count_each_episodes_reset_step(tmp_path):
+    """As the authors' driver counts: an episode of L actions moves env_steps by L + 1 (its
+    reset step, the vector env's autoreset, is a replay step too), summed over envs; its row
+    says length L (docs/algorithm.md, data convention)."""
+    cfg = _cfg(tmp_path, env={"id": "envs_for_tests:CountEnv", "num_envs": 2},
+               train={"prefill": 10**6}, run={"steps": 24})  # episodes of 3 actions
+    with Trainer(cfg) as tr:
+        tr.run()
+    rows = [json.loads(line) for line in open(tmp_path / "episodes.jsonl")]
+    assert [(r["env_steps"], r["length"]) for r in rows] == [
+        (s, 3) for s in (8, 8, 16, 16, 24, 24)]
+    assert tr.replay.count == 12  # steps per env: one replay step per env step
+
+
 def test_checkpoint_minutes_and_the_time_limit_are_minutes(tmp_path):
     """run.time_limit=3/60: a session of 3 seconds (not 3 minutes, nor 4.5 seconds: the
     bound leaves 1.4 s for the last step on a loaded machine); run.checkpoint_minutes=1 over
