@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .checkpoint import atomic_torch_save, load_checkpoint, load_latest, FORMAT_VERSION
-from .config import ConfigError, from_yaml, make_config, to_yaml
+from .config import ConfigError, as_dict, flatten, from_yaml, make_config, to_yaml
 from .envs import INSTANCE_PREFIX, default_preset, env_label
 from .train import Trainer, load_here, slow_preset_note
 from .world_model import State
@@ -78,6 +78,22 @@ def _env_id(env) -> str:
                         f"env__kwargs)") from None
 
 
+def _sections(overrides: dict, call: str) -> dict:
+    """Config keyword arguments (section__key=value, or a dict per section) as sections."""
+    sections: dict = {}
+    for key, val in overrides.items():
+        if "__" in key:  # a value, a dict too (env__kwargs={...})
+            sec, _, name = key.partition("__")
+            sections.setdefault(sec, {})[name] = val
+        elif isinstance(val, dict):
+            sections.setdefault(key, {}).update(val)
+        else:
+            raise ConfigError(f"{call}(..., {key}={val!r}): give config keys as "
+                              f"section__key=value (e.g. train__train_ratio=64) or a dict "
+                              f"per section (train={{'train_ratio': 64}})")
+    return sections
+
+
 class Dreamer:
     def __init__(self, env, preset: str | None = None, size: str | None = None,
                  run_dir: str | Path | None = None, **overrides: Any):
@@ -102,17 +118,8 @@ class Dreamer:
             raise TypeError(f"env must be a gymnasium.Env or an env name, got "
                             f"{type(env).__name__}")
         preset_given, preset = preset is not None, preset or default_preset(env)
-        sections: dict = {"env": {"id": env}}
-        for key, val in overrides.items():
-            if "__" in key:  # a value, a dict too (env__kwargs={...})
-                sec, _, name = key.partition("__")
-                sections.setdefault(sec, {})[name] = val
-            elif isinstance(val, dict):
-                sections.setdefault(key, {}).update(val)
-            else:
-                raise ConfigError(f"Dreamer(..., {key}={val!r}): give config keys as "
-                                  f"section__key=value (e.g. train__train_ratio=64) or a dict "
-                                  f"per section (train={{'train_ratio': 64}})")
+        sections: dict = _sections(overrides, "Dreamer")
+        sections.setdefault("env", {})["id"] = env
         if instance:  # one copy of it unless env__num_envs=N asks for more
             sections["env"].setdefault("num_envs", 1)
         if size:
@@ -239,7 +246,8 @@ class Dreamer:
 
     @classmethod
     def load(cls, path: str | Path, run_dir: str | Path | None = None,
-             device: str = "auto", env=None, resume: bool = False) -> "Dreamer":
+             device: str = "auto", env=None, resume: bool = False,
+             **overrides: Any) -> "Dreamer":
         """An agent saved with `save`, or a run directory's newest checkpoint, on `device`
         when given, else on its own device where this machine has it, else on auto's choice
         (a GPU-trained agent loads on a CPU). Further learning goes to `run_dir`, else to a
@@ -249,15 +257,23 @@ class Dreamer:
         --resume` does. `env` (a name or an instance) replaces the saved env; an agent
         trained on an env instance needs one, since a checkpoint holds only the env's name.
         A resumed run goes on in its own env: `env` is refused there unless the run was
-        trained on an instance (then its spaces must fit) or names the run's env."""
+        trained on an instance (then its spaces must fit) or names the run's env.
+        `overrides` change the saved config as Dreamer's do (train__actor_lr=1e-4, to go on
+        learning with other settings; networks of other shapes are refused with the
+        checkpoint); a resume takes the keys that `lucid train --resume` may change
+        (lucid.config.RESUME_SETTABLE: run__steps, run__eval_every, ...)."""
         path = Path(path)
+        sections = _sections(overrides, "Dreamer.load")
         if resume:
-            return cls._resume(path, run_dir, device, env)
+            return cls._resume(path, run_dir, device, env, sections)
         if path.is_dir() and not (path / "checkpoints").is_dir():
             raise FileNotFoundError(f"{path} is neither a checkpoint file nor a run directory "
                                     f"(it has no checkpoints/)")
         payload = load_latest(path)[0] if path.is_dir() else load_checkpoint(path)
         cfg = from_yaml(payload["config"], where=f"the config stored in {path}")
+        if sections:  # the saved config, then these (validated as a new config is)
+            tree = as_dict(cfg)
+            cfg = make_config(tree.pop("preset"), overrides=sections, **tree)
         if env is not None:
             cfg.env.id = _env_id(env)
         elif cfg.env.id.startswith(INSTANCE_PREFIX):
@@ -294,7 +310,7 @@ class Dreamer:
         self.trainer = trainer
 
     @classmethod
-    def _resume(cls, path: Path, run_dir, device: str, env) -> "Dreamer":
+    def _resume(cls, path: Path, run_dir, device: str, env, sections: dict) -> "Dreamer":
         if run_dir is not None and Path(run_dir) != path:
             raise ValueError(f"Dreamer.load(..., resume=True) learns on in {path} itself; "
                              f"leave out run_dir (or resume=False to learn into a new one)")
@@ -303,7 +319,8 @@ class Dreamer:
                                     f"directory; {path} is not one (resume=False loads a "
                                     f"checkpoint file)")
         self = cls.__new__(cls)
-        self.trainer = Trainer(make_config("default", run={"steps": 0, "device": device}),
-                               path, resume=True, env=None if env is None else _env_id(env))
+        given = make_config("default", overrides=sections, run={"steps": 0, "device": device})
+        self.trainer = Trainer(given, path, resume=True, env=None if env is None else _env_id(env),
+                               settings=tuple(flatten(sections)))
         self.cfg, self.agent = self.trainer.cfg, self.trainer.agent
         return self

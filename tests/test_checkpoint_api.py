@@ -526,6 +526,31 @@ def test_an_observation_that_is_a_pair_of_a_value_and_a_dict_is_not_taken_for_re
     assert int(action) in (0, 1)
 
 
+def test_load_takes_config_overrides_for_what_it_learns_next(tmp_path):
+    """Dreamer.load(path, section__key=value): the saved config with those changes (the
+    weights as saved); a bad key or value is refused as Dreamer's are; a resume takes the
+    keys a command-line resume may change and names the others."""
+    with _nano(CountEnv(3), run_dir=tmp_path / "run", train__prefill=10**6) as agent:
+        agent.learn(4)
+    loaded = Dreamer.load(tmp_path / "run", env=CountEnv(3), train__actor_lr=1e-4,
+                          run={"eval_episodes": 2})
+    assert loaded.cfg.train.actor_lr == 1e-4 and loaded.cfg.run.eval_episodes == 2
+    assert loaded.cfg.train.prefill == 10**6 and loaded.cfg.model.size == "nano"  # as saved
+    for p, q in zip(agent.agent.actor.parameters(), loaded.agent.actor.parameters()):
+        assert torch.equal(p, q)
+    assert loaded.agent.opt_actor.param_groups[0]["lr"] == 1e-4
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.actor_rl'.*actor_lr"):
+        Dreamer.load(tmp_path / "run", env=CountEnv(3), train__actor_rl=1e-4)
+    with pytest.raises(ConfigError, match=r"Dreamer\.load\(\.\.\., lr=0\.1\): give config keys"):
+        Dreamer.load(tmp_path / "run", env=CountEnv(3), lr=0.1)
+    with Dreamer.load(tmp_path / "run", resume=True, env=CountEnv(3),
+                      run__eval_episodes=3) as again:
+        assert again.cfg.run.eval_episodes == 3
+    assert "eval_episodes: 3" not in (tmp_path / "run" / "config.yaml").read_text()  # no learn()
+    with pytest.raises(ConfigError, match=r"train\.actor_lr cannot be changed on resume"):
+        Dreamer.load(tmp_path / "run", resume=True, env=CountEnv(3), train__actor_lr=1e-4)
+
+
 def test_learn_trains_the_dreamers_own_agent_object(tmp_path):
     """Dreamer.agent is what learn() trains, not a copy made at the first learn(): a hook
     registered before it sees the updates, and the object holds the trained weights; a
