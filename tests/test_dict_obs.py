@@ -468,3 +468,93 @@ def test_bool_box_actions_are_true_above_the_middle_of_the_model_range():
     spec = ActionSpec.from_space(gym.spaces.Box(0, 1, (4,), np.bool_))
     got = spec.to_env(np.array([[-1.0, -0.2, 0.2, 1.0]], np.float32))
     assert got.dtype == np.bool_ and got.tolist() == [[False, False, True, True]]
+
+
+def test_image_like_layouts_are_told_at_their_16_pixel_boundary_and_float_matrices_are_vectors():
+    """16 pixels a side is an image (as for H x W x C): a 16 x 16 uint8 is a grayscale image
+    without its channel axis and 4 x 16 x 16 x 3 stacked frames; a float matrix is no image."""
+    for shape, message in (((16, 16), "without a channel axis"),
+                           ((4, 16, 16, 3), "4 stacked frames")):
+        with pytest.raises(TypeError, match=message):
+            ObsSpec.from_space(gym.spaces.Box(0, 255, shape, np.uint8))
+    spec = ObsSpec.from_space(gym.spaces.Box(-np.inf, np.inf, (16, 16), np.float32))
+    assert spec.vectors == {"vector": 256} and not spec.images
+    x = np.arange(256, dtype=np.float32).reshape(16, 16)
+    np.testing.assert_array_equal(spec.convert(x)["vector"], x.ravel())
+
+
+def test_image_observations_of_other_sizes_are_refused():
+    """All images share one height and width (checked for widths too), and an observation of
+    another size than its space's is refused, named, not passed on."""
+    for other in ((16, 32, 1), (32, 16, 1)):
+        with pytest.raises(ValueError, match="must share one height and width"):
+            ObsSpec.from_space(gym.spaces.Dict({
+                "a": gym.spaces.Box(0, 255, (16, 16, 3), np.uint8),
+                "b": gym.spaces.Box(0, 255, other, np.uint8)}))
+    spec = ObsSpec.from_space(gym.spaces.Box(0, 255, (32, 48, 3), np.uint8))
+    assert spec.image_shape == (3, 32, 48)  # (C, H, W) of a H x W x C image
+    with pytest.raises(ValueError, match=r"has shape \(48, 32, 3\), expected \(32, 48, 3\)"):
+        spec.convert(np.zeros((48, 32, 3), np.uint8))
+
+
+def test_integer_images_become_their_pixels_and_bad_float_images_are_refused():
+    """An int32 image in 0..255 is its own pixels (uint8, not scaled); a NaN float image is
+    refused, a float image whose low is below 0 at one pixel is refused at its space, and a
+    value 1 below a Box(0, 255) float image's bounds is warned about."""
+    from lucid import LucidWarning
+    spec = ObsSpec.from_space(gym.spaces.Box(0, 255, (16, 16, 3), np.int32))
+    assert spec.images == {"image": (16, 16, 3)}
+    x = np.random.default_rng(2).integers(0, 256, (2, 16, 16, 3)).astype(np.int32)
+    got = spec.convert(x, (2,))["image"]
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, x)
+    floats = ObsSpec.from_space(gym.spaces.Box(0.0, 255.0, (16, 16, 1), np.float32))
+    bad = np.zeros((16, 16, 1), np.float32)
+    bad[3, 4, 0] = np.nan
+    with pytest.raises(ValueError, match="contains NaN or Inf"):
+        floats.convert(bad)
+    below = np.zeros((16, 16, 1), np.float32)
+    below[0, 0, 0] = -1.0
+    with pytest.warns(LucidWarning, match=r"values outside \[0, 255\]"):
+        np.testing.assert_array_equal(floats.convert(below)["image"], 0)
+    low = np.zeros((16, 16, 1), np.float32)
+    low[5, 5, 0] = -1.0
+    with pytest.raises(TypeError, match=r"float image \(16, 16, 1\) with values in \[-1, 1\]"):
+        ObsSpec.from_space(gym.spaces.Box(low, 1.0, (16, 16, 1), np.float32))
+
+
+def test_observations_missing_a_tuple_item_or_of_another_multidiscrete_shape_are_refused():
+    spec = ObsSpec.from_space(gym.spaces.Tuple((gym.spaces.Box(-1, 1, (2,)),
+                                                gym.spaces.Discrete(3))))
+    with pytest.raises(KeyError, match=r"observation has no item '1': it is tuple of 1"):
+        spec.convert((np.zeros(2, np.float32),))
+    grid = ObsSpec.from_space(gym.spaces.MultiDiscrete([[2, 3], [4, 2]]))
+    np.testing.assert_array_equal(grid.convert(np.array([[1, 2], [3, 0]]))["vector"],
+                                  [0, 1, 0, 0, 1, 0, 0, 0, 1, 1, 0])
+    with pytest.raises(ValueError, match=r"has shape \(4,\), expected \(2, 2\)"):
+        grid.convert(np.array([1, 2, 3, 0]))
+
+
+def test_multidiscrete_grid_actions_keep_their_shape_and_item_takes_the_ith_action():
+    grid = gym.spaces.MultiDiscrete([[2, 3], [4, 2]])
+    act = ActionSpec.from_space(grid)
+    samples = np.array([[[1, 2], [3, 0]], [[0, 0], [1, 1]]])
+    back = act.to_env(act.from_env(samples))
+    assert back.shape == (2, 2, 2)
+    np.testing.assert_array_equal(back, samples)
+    space = gym.spaces.Dict({"a": gym.spaces.Discrete(4), "b": gym.spaces.Box(-1, 1, (2,))})
+    act = ActionSpec.from_space(space)
+    batch = {"a": np.array([0, 1, 2, 3]), "b": np.linspace(-1, 1, 8).reshape(4, 2)}
+    back = act.to_env(act.from_env(batch))
+    for i in range(4):
+        one = act.item(back, i)
+        assert one["a"] == i
+        np.testing.assert_allclose(one["b"], batch["b"][i], atol=1e-6)
+
+
+def test_box_actions_with_infinite_bounds_stay_in_minus_1_to_1():
+    """Where a Box is unbounded, lucid's action is the model's own, clipped to [-1, 1]."""
+    with pytest.warns(Warning, match="infinite bounds"):
+        act = ActionSpec.from_space(gym.spaces.Box(-np.inf, np.inf, (2,), np.float32))
+    got = act.to_env(np.array([[3.0, -0.25], [-5.0, 0.5]], np.float32))
+    np.testing.assert_array_equal(got, [[1.0, -0.25], [-1.0, 0.5]])

@@ -610,6 +610,28 @@ def test_minigrid_is_the_resized_rgb_grid_with_its_time_limit_and_goal():
     assert term and not trunc and r == pytest.approx(1 - 0.9 * 5 / 100)
 
 
+def test_minigrid_takes_full_and_babyai_ids_its_options_and_render_mode():
+    """Full ids with or without their version and BabyAI ids name the same envs as short
+    names; size= and tile_size= set the image, unknown options are refused, and
+    render_mode="rgb_array" renders the env's frames (for videos)."""
+    from lucid.envs.minigrid import minigrid_id
+    assert {minigrid_id(t) for t in ("DoorKey-5x5", "MiniGrid-DoorKey-5x5",
+                                     "MiniGrid-DoorKey-5x5-v0")} == {"MiniGrid-DoorKey-5x5-v0"}
+    assert minigrid_id("BabyAI-GoToRedBall") == "BabyAI-GoToRedBall-v0"
+    baby = make_env("minigrid:BabyAI-GoToRedBall")
+    assert baby.unwrapped.spec.id == "BabyAI-GoToRedBall-v0"
+    assert baby.observation_space == gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    small = make_env("minigrid:MiniGrid-DoorKey-5x5", size=32)
+    assert small.observation_space.shape == (32, 32, 3)
+    assert small.reset(seed=0)[0].shape == (32, 32, 3)
+    with pytest.raises(TypeError, match=r"unknown MiniGrid option\(s\) \['gray'\]"):
+        make_env("minigrid:DoorKey-5x5", gray=True)
+    env = make_env("minigrid:DoorKey-5x5", render_mode="rgb_array")
+    env.reset(seed=0)
+    frame = env.render()
+    assert isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] == 3
+
+
 # --------------------------------------------------------------------------- extras
 
 @pytest.mark.parametrize("env_id,module,extra", [

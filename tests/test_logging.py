@@ -273,3 +273,136 @@ def test_a_session_logs_its_config_at_its_first_step_and_histograms_at_its_end(t
     assert [e.step for e in acc.Tensors("config/text_summary")] == [50]
     (hist,) = acc.Histograms("episode/returns")
     assert hist.step == 80 and hist.histogram_value.num == 2
+
+
+def _tb(path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "histograms": 0})
+    acc.Reload()
+    return acc
+
+
+def _ep(step, ret, length=5, **kw):
+    return {"env_steps": step, "return": ret, "length": length, "wall_time": 0.0,
+            "eval": False, **kw}
+
+
+def test_histograms_hold_the_episodes_since_the_previous_one_every_n_rows(tmp_path):
+    """run.histogram_every=2: a histogram at every 2nd metric row of the training episodes
+    since the previous one, and the rest at close; 10 rows without a config."""
+    cfg = make_config("default", run={"histogram_every": 2, "logger": "tensorboard"})
+    log = Logger(tmp_path / "two", progress=False, config=cfg)
+    for step, ret in ((2, 1.0), (4, 2.0), (6, 4.0)):
+        log.episode(_ep(step - 1, ret))
+        log.metrics({"env_steps": step, "updates": 0})
+    log.close()
+    hists = _tb(tmp_path / "two" / "tb").Histograms("episode/returns")
+    assert [(h.step, h.histogram_value.num, h.histogram_value.sum) for h in hists] == [
+        (4, 2, 3.0), (6, 1, 4.0)]
+    log = Logger(tmp_path / "default", progress=False, backends="tensorboard")
+    for step in range(1, 11):
+        log.episode(_ep(step, float(step)))
+        log.metrics({"env_steps": step, "updates": 0})
+    log.close()
+    hists = _tb(tmp_path / "default" / "tb").Histograms("episode/returns")
+    assert [(h.step, h.histogram_value.num) for h in hists] == [(10, 10)]
+
+
+def test_an_evaluation_is_one_point_of_its_episodes_means_per_policy(tmp_path):
+    log = Logger(tmp_path, progress=False, backends="tensorboard")
+    for policy, ret, length in (("greedy", 1.0, 3), ("greedy", 3.0, 5), ("sampled", 10.0, 7)):
+        log.episode(_ep(10, ret, length, eval=True, policy=policy))
+    log.metrics({"env_steps": 12, "updates": 1, "world_model/loss": 0.5,
+                 "episode/return_recent": None, "replay/note": "text",  # not scalars
+                 "replay/full": True, "wall_time": None})
+    log.close()
+    acc = _tb(tmp_path / "tb")
+    got = {tag: [(e.step, e.value) for e in acc.Scalars(tag)]
+           for tag in ("eval/return", "eval/length", "eval/sampled_return",
+                       "eval/sampled_length", "world_model/loss")}
+    assert got == {"eval/return": [(10, 2.0)], "eval/length": [(10, 4.0)],
+                   "eval/sampled_return": [(10, 10.0)], "eval/sampled_length": [(10, 7.0)],
+                   "world_model/loss": [(12, 0.5)]}
+    assert not {"episode/return_recent", "replay/note", "replay/full",
+                "perf/wall_time"} & set(acc.Tags()["scalars"])
+
+
+def test_a_resume_hides_the_tensorboard_points_and_rows_a_killed_run_wrote_past_it(tmp_path):
+    """A run killed at 30 env steps after its checkpoint at 10: the resumed session's points
+    at 20 and 30 replace the killed run's, in TensorBoard as in the JSONL files."""
+    log = Logger(tmp_path, progress=False, backends="tensorboard")
+    for step in (10, 20, 30):
+        log.metrics({"env_steps": step, "updates": 0, "world_model/loss": float(step)})
+        log.episode(_ep(step, float(step)))
+    log.close()
+    log = Logger(tmp_path, progress=False, backends="tensorboard", start_steps=10,
+                 purge_after=10)
+    for step in (20, 30):
+        log.metrics({"env_steps": step, "updates": 0, "world_model/loss": -float(step)})
+        log.episode(_ep(step, -float(step)))
+    log.close()
+    loss = [(e.step, e.value) for e in _tb(tmp_path / "tb").Scalars("world_model/loss")]
+    assert loss == [(10, 10.0), (20, -20.0), (30, -30.0)]
+    for name, key in (("metrics.jsonl", "world_model/loss"), ("episodes.jsonl", "return")):
+        assert [(r["env_steps"], r[key]) for r in _rows(tmp_path / name)] == loss
+
+
+def test_a_plain_progress_line_shows_the_counters_and_the_recent_return(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    log = Logger(tmp_path / "on", progress=True, backends="none", total_steps=1000)
+    log.metrics({"env_steps": 500, "updates": 7, "perf/env_steps_per_s": 12.4,
+                 "perf/updates_per_s": 0.26, "episode/return_recent": 3.14159})
+    log.close()
+    off = Logger(tmp_path / "off", progress=False, backends="none", total_steps=1000)
+    off.metrics({"env_steps": 500, "updates": 7})
+    off.close()
+    (line,) = sys.stdout.getvalue().splitlines()  # the logger without progress says nothing
+    assert line.endswith("] steps 500/1,000  upd 7  12 sps  0.3 ups  return 3.1"), line
+
+
+def test_the_progress_bar_follows_the_env_steps_and_is_off_without_progress(tmp_path,
+                                                                              monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    log = Logger(tmp_path / "on", progress=True, backends="none", total_steps=100,
+                 start_steps=20)
+    try:
+        assert log.bar.tasks[0].completed == 20
+        log.metrics({"env_steps": 60, "updates": 3})
+        assert log.bar.tasks[0].completed == 60 and log.bar.tasks[0].total == 100
+    finally:
+        log.close()
+    off = Logger(tmp_path / "off", progress=False, backends="none", total_steps=100)
+    off.close()
+    assert off.bar is None and not off.plain
+
+
+def test_rows_reach_their_files_as_they_are_logged(tmp_path):
+    """A running (or killed) run's JSONL files hold every row logged so far."""
+    log = Logger(tmp_path, progress=False, backends="none")
+    try:
+        log.metrics({"env_steps": 4, "updates": 1})
+        log.episode(_ep(3, 2.0))
+        assert _rows(tmp_path / "metrics.jsonl") == [{"env_steps": 4, "updates": 1}]
+        assert _rows(tmp_path / "episodes.jsonl") == [_ep(3, 2.0)]
+    finally:
+        log.close()
+
+
+@pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed (pip install 'lucid-rl[wandb]')")
+def test_wandb_mode_from_the_environment_wins_over_run_wandb_mode(tmp_path, monkeypatch):
+    """WANDB_MODE=offline keeps a run.wandb_mode=online run offline (no account needed)."""
+    for k, v in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
+                 "WANDB_CONFIG_DIR": str(tmp_path / "c"), "WANDB_CACHE_DIR": str(tmp_path / "cc"),
+                 "WANDB_DATA_DIR": str(tmp_path / "d")}.items():
+        monkeypatch.setenv(k, v)
+    cfg = make_config("default", run={"logger": "wandb", "wandb_mode": "online"})
+    log = Logger(tmp_path / "run", progress=False, config=cfg)
+    log.metrics({"env_steps": 1, "updates": 0, "world_model/loss": 1.0})
+    log.close()
+    run_id = (tmp_path / "run" / "wandb" / "run_id").read_text().strip()
+    (offline,) = (tmp_path / "run" / "wandb").glob(f"offline-run-*-{run_id}")
+    assert (offline / f"run-{run_id}.wandb").stat().st_size > 0
