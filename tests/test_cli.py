@@ -84,12 +84,7 @@ def test_a_signal_while_the_end_is_written_says_the_run_is_complete(tmp_path):
     assert r.exit_code == 0 and (tmp_path / "report.html").exists(), r.output
 
 
-def test_train_then_eval_then_resume(tmp_path, monkeypatch):
-    for k, v in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
-                 "WANDB_CONFIG_DIR": str(tmp_path.parent / "c"),
-                 "WANDB_CACHE_DIR": str(tmp_path.parent / "cc"),
-                 "WANDB_DATA_DIR": str(tmp_path.parent / "d")}.items():
-        monkeypatch.setenv(k, v)
+def test_train_then_eval_then_resume(tmp_path, offline_wandb):
     args = ["train", "CartPole-v1", "--size", "nano", "--steps", "40", "--run-dir", str(tmp_path),
             "train.prefill=20", "train.batch_size=2", "train.batch_length=8",
             "train.horizon=3", "train.train_ratio=16", "run.progress=false",

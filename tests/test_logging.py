@@ -20,6 +20,8 @@ from lucid.config import ConfigError, logger_backends, make_config
 from lucid.logger import Logger, import_wandb
 from lucid.train import Trainer
 
+from conftest import offline_wandb_vars
+
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
 GROUPS = ("train", "world_model", "actor", "critic", "episode", "eval", "replay", "perf",
           "runners", "dist", "crafter")
@@ -50,10 +52,7 @@ def run(tmp_path_factory):
                            "logger": loggers, "histogram_every": 1, "videos": False})
     out = io.StringIO()  # not a TTY, like a CI log
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
-        for k, v in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
-                     "WANDB_CONFIG_DIR": str(tmp / "wandb-config"),
-                     "WANDB_CACHE_DIR": str(tmp / "wandb-cache"),
-                     "WANDB_DATA_DIR": str(tmp / "wandb-data")}.items():
+        for k, v in offline_wandb_vars(tmp).items():
             mp.setenv(k, v)
         first = Trainer(cfg)
         first.run()
@@ -155,13 +154,9 @@ def test_wandb_offline_run_writes_its_files(run):
 
 
 @pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed (pip install 'lucid-rl[wandb]')")
-def test_videos_go_to_wandb_under_their_tensorboard_tags(tmp_path, monkeypatch):
+def test_videos_go_to_wandb_under_their_tensorboard_tags(tmp_path, offline_wandb):
     import imageio.v3 as iio
     from lucid import video
-    for k, v in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
-                 "WANDB_CONFIG_DIR": str(tmp_path / "c"), "WANDB_CACHE_DIR": str(tmp_path / "cc"),
-                 "WANDB_DATA_DIR": str(tmp_path / "d")}.items():
-        monkeypatch.setenv(k, v)
     run_dir = tmp_path / "run"
     mp4 = video.write_video(run_dir / "videos" / "eval-000000010.mp4",
                             np.full((4, 16, 16, 3), 90, np.uint8), fps=4)
@@ -393,12 +388,8 @@ def test_rows_reach_their_files_as_they_are_logged(tmp_path):
 
 
 @pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed (pip install 'lucid-rl[wandb]')")
-def test_wandb_mode_from_the_environment_wins_over_run_wandb_mode(tmp_path, monkeypatch):
+def test_wandb_mode_from_the_environment_wins_over_run_wandb_mode(tmp_path, offline_wandb):
     """WANDB_MODE=offline keeps a run.wandb_mode=online run offline (no account needed)."""
-    for k, v in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
-                 "WANDB_CONFIG_DIR": str(tmp_path / "c"), "WANDB_CACHE_DIR": str(tmp_path / "cc"),
-                 "WANDB_DATA_DIR": str(tmp_path / "d")}.items():
-        monkeypatch.setenv(k, v)
     cfg = make_config("default", run={"logger": "wandb", "wandb_mode": "online"})
     log = Logger(tmp_path / "run", progress=False, config=cfg)
     log.metrics({"env_steps": 1, "updates": 0, "world_model/loss": 1.0})
