@@ -249,6 +249,29 @@ def test_missing_wandb_names_the_extra(monkeypatch):
     make_config("default", ["run.logger=tensorboard"])  # fine without wandb
 
 
+def test_a_backend_that_fails_to_open_leaves_no_files_or_writer_thread_open(tmp_path,
+                                                                            monkeypatch):
+    """wandb missing after TensorBoard opened: the error reaches the caller, and the JSONL files
+    and TensorBoard's event file and writer thread it had opened are closed again."""
+    import os
+    import threading
+
+    def open_in_run():
+        fds = Path("/proc/self/fd")
+        return sorted(t for t in (os.path.realpath(f) for f in fds.iterdir())
+                      if t.startswith(str(tmp_path)))
+
+    threads = set(threading.enumerate())
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
+    # err's traceback keeps the half-built Logger alive: garbage collection closes nothing
+    with pytest.raises(ImportError, match="wandb") as err:
+        Logger(tmp_path, progress=False, backends="tensorboard,wandb")
+    assert "lucid-rl[wandb]" in str(err.value)
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))  # it had opened TensorBoard
+    assert open_in_run() == []
+    assert [t for t in threading.enumerate() if t not in threads and t.is_alive()] == []
+
+
 def test_a_session_logs_its_config_at_its_first_step_and_histograms_at_its_end(tmp_path):
     """A resumed session's config is the one TensorBoard shows last (at its first step, not
     at 0 again), and the episodes since the last histogram are written when it closes."""
