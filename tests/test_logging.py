@@ -153,6 +153,63 @@ def test_wandb_offline_run_writes_its_files(run):
         assert key in first, key
 
 
+def _wandb_records(path: Path) -> list:
+    """The records of an offline W&B run file (run-<id>.wandb): a 7-byte header (":W&B", magic,
+    version), then LevelDB's log format: 32 KiB blocks of chunks, each with a 7-byte header
+    (checksum, length, type: 1 whole record, 2/3/4 its first/middle/last part), that hold
+    the protobuf Records wandb's own core writes."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+    data, block = path.read_bytes(), 32768
+    assert data[:4] == b":W&B", data[:7]
+    pos, parts, records = 7, [], []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if left < 7 or kind == 0:  # a block's padding
+            pos += left
+            continue
+        parts.append(data[pos + 7:pos + 7 + length])
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(b"".join(parts))
+            records.append(record)
+            parts = []
+    return records
+
+
+@pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed (pip install 'lucid-rl[wandb]')")
+@pytest.mark.parametrize("project", [None, "my-project"])
+def test_wandb_records_the_project_and_plots_every_metric_against_env_steps(tmp_path, project,
+                                                                            offline_wandb):
+    """Read back from the offline run file: the run's project (run.wandb_project, else
+    "lucid") and config; env_steps declared the x axis of every metric ("*"); each logged row
+    carries its env steps."""
+    cfg = make_config("default", run={"logger": "wandb", **({"wandb_project": project}
+                                                             if project else {})})
+    log = Logger(tmp_path / "run", progress=False, config=cfg)
+    log.metrics({"env_steps": 7, "updates": 2, "world_model/loss": 1.5})
+    log.episode(_ep(11, 3.0))
+    log.close()
+    (path,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
+    records = _wandb_records(path)
+    runs = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert runs and {r.project for r in runs} == {project or "lucid"}
+    config = {u.key: json.loads(u.value_json) for u in runs[0].config.update}
+    assert config["preset"] == "default" and config["run"]["logger"] == "wandb"
+    metrics = [r.metric for r in records if r.WhichOneof("record_type") == "metric"]
+    assert any(m.name == "env_steps" for m in metrics)
+    assert any(m.glob_name == "*" and m.step_metric == "env_steps" for m in metrics)
+    rows = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            for r in records if r.WhichOneof("record_type") == "history"]
+    loss = [r for r in rows if "world_model/loss" in r]
+    assert [(r["env_steps"], r["world_model/loss"]) for r in loss] == [(7, 1.5)]
+    returns = [r for r in rows if "episode/return" in r]
+    assert [(r["env_steps"], r["episode/return"]) for r in returns] == [(11, 3.0)]
+
+
 @pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed (pip install 'lucid-rl[wandb]')")
 def test_videos_go_to_wandb_under_their_tensorboard_tags(tmp_path, offline_wandb):
     import imageio.v3 as iio
