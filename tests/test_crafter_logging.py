@@ -17,6 +17,9 @@ HAND_WORKED = [{"collect_wood": 2, "place_table": 1}, {"collect_wood": 1}, {},
 def test_tracker_matches_the_hand_worked_score_and_rates():
     tracker = AchievementTracker(window=2)
     assert tracker.metrics() == {}  # nothing logged before the first episode ends
+    for recent in (False, True):
+        with pytest.raises(ValueError, match="no Crafter episode"):
+            tracker.rates(recent=recent)
     for ep in HAND_WORKED:
         tracker.add(ep)
     m = tracker.metrics()
@@ -110,7 +113,8 @@ def test_real_crafter_episodes_through_the_runners_vector_env():
     envs.close()
     assert ended == 2 and tracker.episodes == 2  # env 1 at step 9, env 0 at step 12
     assert tracker.rates() == success_rates(expected)
-    assert tracker.metrics()["crafter/score"] == pytest.approx(crafter_score(success_rates(expected)))
+    score = crafter_score(success_rates(expected))
+    assert tracker.metrics()["crafter/score"] == pytest.approx(score)
 
 
 def test_only_crafter_gets_the_wrapper():

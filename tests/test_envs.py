@@ -87,6 +87,14 @@ def test_unknown_names_get_suggestions(monkeypatch):
         make_env("atari:")
     with pytest.raises(TypeError, match="unknown Atari option"):
         make_env("atari:Pong", grey=True)
+    with pytest.raises(TypeError, match=r"unknown DMC option\(s\) \['colour'\]; options: "):
+        make_env("dmc:walker-walk", colour=True)
+    with pytest.raises(ValueError, match="obs must be 'flat' or 'dict', got 'list'"):
+        make_env("dmc:walker-walk", obs="list")
+    with pytest.raises(ValueError, match="'10x10'; choose one of 9x9, 11x11, 13x13, 15x15"):
+        make_env("memory-maze:10x10")
+    with pytest.raises(TypeError, match=r"unknown Memory Maze option\(s\) \['gray'\]"):
+        make_env("memory-maze:9x9", gray=True)
     with pytest.raises(TypeError, match=r"unknown Crafter option\(s\) \['gray'\]; options: "):
         make_env("crafter", gray=True)
     with pytest.raises(UnknownEnvError, match="unknown Crafter variant 'rewards'"):
@@ -181,6 +189,20 @@ def test_atari_game_names_map_to_the_ale_ids():
     env.close()
 
 
+def test_atari_render_mode_draws_the_full_color_screen_for_videos():
+    """render_mode="rgb_array" reaches the ALE env: render() (the videos' frames) is the
+    emulator's current 210x160 RGB screen, also when the observations are 64x64 grayscale."""
+    env = make_env("atari:Pong", render_mode="rgb_array", gray=True, sticky=0.0)
+    obs, _ = env.reset(seed=0)
+    for _ in range(3):
+        obs, *_ = env.step(0)
+    frame = env.render()
+    assert obs.shape == (64, 64, 1)
+    assert frame.shape == (210, 160, 3) and frame.dtype == np.uint8 and frame.std() > 0
+    assert np.array_equal(frame, env.unwrapped.ale.getScreenRGB())
+    env.close()
+
+
 def test_an_ale_id_is_made_in_a_process_that_has_not_imported_ale_py():
     """gymnasium's own `ALE/Pong-v5` needs no `import ale_py` first: make_env registers the
     ALE's envs (checked in a fresh process, as this one has imported ale_py)."""
@@ -265,6 +287,41 @@ def test_atari_sticky_actions_repeat_the_previous_frame_action_a_quarter_of_the_
     n0 = len(spy.actions)
     env.step(2)
     assert spy.actions[n0:] == [0] * 4
+    env.close()
+
+
+def test_atari_sticky_draws_come_from_the_seeded_env_so_a_seed_repeats_them():
+    """The sticky-action draws use the env's seeded generator: two envs reset with the same
+    seed execute the same emulator actions for the same agent actions, another seed gives
+    other sticky frames."""
+    def executed(seed):
+        env = make_env("atari:Pong")
+        spy = AleSpy(env)
+        env.reset(seed=seed)
+        n0 = len(spy.actions)
+        for t in range(100):  # 400 emulator frames, ~100 of them sticky
+            env.step(2 + t % 2)
+        env.close()
+        return spy.actions[n0:]
+
+    first = executed(11)
+    assert executed(11) == first
+    assert executed(12) != first
+
+
+def test_atari_sticky_must_be_a_probability_and_1_always_repeats_the_noop():
+    """`sticky` is checked to lie in [0, 1]; 1.0 is allowed and repeats the action before
+    the first step, NOOP, on every emulator frame."""
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="sticky"):
+            make_env("atari:Pong", sticky=bad)
+    env = make_env("atari:Pong", sticky=1.0)
+    spy = AleSpy(env)
+    env.reset(seed=0)
+    n0 = len(spy.actions)
+    for t in range(5):
+        env.step(2 + t % 2)
+    assert spy.actions[n0:] == [0] * 20
     env.close()
 
 
@@ -454,6 +511,91 @@ def test_dm_env_adapter_terminations_truncations_and_repeat_stop_early():
         assert info["discount"] == discount
 
 
+def test_dm_env_adapter_maps_single_array_specs_and_a_last_step_without_discount():
+    """An env whose observation is one array rather than a dict: a DiscreteArray becomes a
+    Discrete space with int observations, an unbounded uint8 Array a 0..255 uint8 Box; a
+    DiscreteArray action spec a Discrete action space. A LAST step whose discount is None is
+    not a discount-0 end, so it is a truncation."""
+    import dm_env
+    from dm_env import specs
+
+    from lucid.envs.dmc import DMEnv
+
+    class Single(dm_env.Environment):
+        def __init__(self, spec):
+            self.spec, self.t = spec, 0
+
+        def _obs(self):
+            if isinstance(self.spec, specs.DiscreteArray):
+                return np.int32(self.t % 5)
+            return np.full(self.spec.shape, 10 * self.t, np.uint8)
+
+        def reset(self):
+            self.t = 0
+            return dm_env.restart(self._obs())
+
+        def step(self, action):
+            self.t += 1
+            if self.t == 3:
+                return dm_env.TimeStep(dm_env.StepType.LAST, 0.5, None, self._obs())
+            return dm_env.transition(0.5, self._obs())
+
+        def observation_spec(self):
+            return self.spec
+
+        def action_spec(self):
+            return specs.DiscreteArray(4)
+
+    env = DMEnv(lambda seed: Single(specs.DiscreteArray(5)))
+    assert env.observation_space == gym.spaces.Discrete(5)
+    assert env.action_space == gym.spaces.Discrete(4)
+    obs, _ = env.reset()
+    assert obs == 0 and type(obs) is int
+    obs, r, term, trunc, _ = env.step(1)
+    assert obs == 1 and type(obs) is int and r == 0.5 and not (term or trunc)
+
+    env = DMEnv(lambda seed: Single(specs.Array((2, 3), np.uint8)), repeat=2)
+    assert env.observation_space == gym.spaces.Box(0, 255, (2, 3), np.uint8)
+    obs, _ = env.reset()
+    assert obs.dtype == np.uint8 and obs.shape == (2, 3)
+    obs, r, term, trunc, info = env.step(0)
+    assert r == 1.0 and obs.dtype == np.uint8 and (obs == 20).all()
+    obs, r, term, trunc, info = env.step(0)  # the LAST step without a discount
+    assert r == 0.5 and (term, trunc) == (False, True) and info["discount"] == 1.0
+
+
+def test_dmc_pixels_render_headless_with_egl_when_mujoco_gl_is_unset():
+    """With MUJOCO_GL unset, making a DMC env sets it (and PyOpenGL's platform) to egl
+    before mujoco is imported, and the 64x64 pixels render (checked in a fresh process, as
+    this module sets MUJOCO_GL itself)."""
+    import subprocess
+    code = ("import os; from lucid.envs import make_env; "
+            "env = make_env('dmc-vision:cartpole-swingup', fast_render=True); "
+            "obs, _ = env.reset(seed=0); "
+            "print(os.environ['MUJOCO_GL'], os.environ['PYOPENGL_PLATFORM'], obs.shape, "
+            "obs.std() > 1)")
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, cwd=REPO, env=environ)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["egl", "egl", "(64,", "64,", "3)", "True"], r.stdout
+
+
+def test_an_existing_mujoco_gl_choice_is_kept(monkeypatch):
+    """A MUJOCO_GL the user set (osmesa) is not replaced by egl, and PyOpenGL's platform
+    follows it; a windowed backend (glfw) gets no PyOpenGL platform."""
+    from lucid.envs.dmc import _set_headless_gl
+    monkeypatch.setenv("MUJOCO_GL", "osmesa")
+    monkeypatch.delenv("PYOPENGL_PLATFORM", raising=False)
+    _set_headless_gl()
+    assert os.environ["MUJOCO_GL"] == "osmesa" and os.environ["PYOPENGL_PLATFORM"] == "osmesa"
+    monkeypatch.setenv("MUJOCO_GL", "glfw")
+    monkeypatch.delenv("PYOPENGL_PLATFORM")
+    _set_headless_gl()
+    assert os.environ["MUJOCO_GL"] == "glfw" and "PYOPENGL_PLATFORM" not in os.environ
+
+
 def test_dmc_vision_renders_64x64_pixels_headless_like_the_raw_renderer():
     from dm_control import suite
     env = make_env("dmc-vision:cartpole-swingup", fast_render=True)
@@ -507,6 +649,30 @@ def test_dmc_task_names_and_the_quadrupeds_camera():
     assert np.array_equal(obs, physics.render(64, 64, camera_id=2))
     assert not np.array_equal(obs, physics.render(64, 64, camera_id=0))
     env.close()
+    # render() of the proprio task (videos) draws the same camera
+    env = make_env("dmc:quadruped-walk", render_mode="rgb_array")
+    env.reset(seed=1)
+    physics = env.unwrapped.dm_env.physics
+    assert np.array_equal(env.render(), physics.render(240, 320, camera_id=2))
+    env.close()
+
+
+def test_dmc_camera_option_picks_the_camera_and_fast_render_is_for_pixels_only():
+    """camera=1 renders the observations from camera 1, not the default 0; fast_render
+    lowers the render quality of dmc-vision only, not of a proprio task's video frames."""
+    env = make_env("dmc-vision:cartpole-swingup", camera=1, fast_render=True)
+    obs, _ = env.reset(seed=0)
+    physics = env.unwrapped.dm_env.physics
+    assert np.array_equal(obs, physics.render(64, 64, camera_id=1))
+    assert not np.array_equal(obs, physics.render(64, 64, camera_id=0))
+    env.close()
+    from dm_control import suite
+    want = suite.load("cartpole", "swingup").physics.model.vis.quality
+    assert (want.shadowsize, want.offsamples) != (256, 0)
+    env = make_env("dmc:cartpole-swingup", fast_render=True)
+    quality = env.unwrapped.dm_env.physics.model.vis.quality
+    assert (quality.shadowsize, quality.offsamples) == (want.shadowsize, want.offsamples)
+    env.close()
 
 
 # --------------------------------------------------------------------------- Crafter
@@ -526,6 +692,8 @@ def test_crafter_matches_the_raw_env_with_achievements_and_time_limit():
         raw_obs, raw_r, done, raw_info = raw.step(a)
         assert np.array_equal(obs, raw_obs) and r == raw_r
         assert info["achievements"] == raw_info["achievements"]
+        assert info["inventory"] == raw_info["inventory"]
+        assert info["discount"] == raw_info["discount"]
         assert obs.dtype == np.uint8
         if t < 29:
             assert not (term or trunc)
@@ -555,12 +723,26 @@ def test_crafter_noreward_gives_zero_rewards_and_a_seed_gives_its_world_again():
 
 
 def test_crafter_death_is_a_termination():
-    """The player's health reaching 0 ends the episode as a termination (discount 0)."""
+    """The player's health reaching 0 ends the episode as a termination (discount 0); the
+    reward counts health changes, a tenth per point: 9 -> 0 is -0.9."""
     env = make_env("crafter")
     env.reset(seed=0)
     env.unwrapped._env._player.inventory["health"] = 0
-    _, _, term, trunc, info = env.step(0)
+    _, r, term, trunc, info = env.step(0)
     assert term and not trunc and info["discount"] == 0.0
+    assert r == pytest.approx(-0.9)
+
+
+def test_crafter_episodes_last_10000_steps_by_default():
+    """Without `length`, the episode is truncated at step 10,000 and not before (the step
+    counter is moved on to spare the 9,998 steps)."""
+    env = make_env("crafter")
+    env.reset(seed=0)
+    env.unwrapped._env._step = 9_998
+    _, _, term, trunc, _ = env.step(0)  # step 9,999
+    assert not (term or trunc)
+    _, _, term, trunc, _ = env.step(0)  # step 10,000
+    assert trunc and not term
 
 
 def test_crafter_score_hand_worked():
@@ -577,8 +759,13 @@ def test_crafter_score_hand_worked():
     assert crafter_score(rates) == pytest.approx(0.637289, abs=1e-5)
     with pytest.raises(KeyError):
         crafter_score({"collect_gold": 10.0})
+    # a mapping's missing achievements count as 0%: exp(ln 101 / 22) - 1
+    assert crafter_score({"collect_wood": 100.0}) == pytest.approx(math.exp(math.log(101) / 22) - 1)
+    for bad in ([120.0], [100.5], [-0.5], []):
+        with pytest.raises(ValueError):
+            crafter_score(bad)
     with pytest.raises(ValueError):
-        crafter_score([120.0])
+        success_rates([])
 
 
 # --------------------------------------------------------------------------- MiniGrid
@@ -691,6 +878,18 @@ def test_memory_maze_wrapper_matches_the_dm_env_task_and_truncates():
             assert not term and trunc == (t == 9)
     finally:
         short.close()
+
+
+def test_memory_maze_size_option_sets_the_camera_resolution():
+    """size=32 gives 32x32 camera images, the observations and their space alike."""
+    pytest.importorskip("memory_maze", reason="memory-maze not installed")
+    env = make_env("memory-maze:9x9", size=32)
+    try:
+        assert env.observation_space == gym.spaces.Box(0, 255, (32, 32, 3), np.uint8)
+        obs, _ = env.reset(seed=0)
+        assert obs.shape == (32, 32, 3) and obs.dtype == np.uint8 and obs.std() > 1
+    finally:
+        env.close()
 
 
 def test_envpool_wrapper_matches_raw_envpool_with_the_paper_settings():
