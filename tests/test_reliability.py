@@ -821,6 +821,28 @@ def test_resume_sets_aside_a_corrupt_checkpoint_and_drops_logs_past_the_checkpoi
     assert json.loads(open(tmp_path / "metrics.jsonl").readlines()[-1])["env_steps"] == 60
 
 
+def test_videos_past_the_resume_step_move_aside_without_overwriting_any_moved_before(tmp_path):
+    """set_aside_videos_after(run, 40): a video of step 40 stays, one of step 41 moves; a
+    name taken twice in superseded/ gets the next free number (.2 after .1)."""
+    from lucid.video import set_aside_videos_after, video_step
+    videos = tmp_path / "videos"
+    (videos / "superseded").mkdir(parents=True)
+    for name in ("eval-000000041.mp4", "eval-000000041.1.mp4"):  # two earlier resumes
+        (videos / "superseded" / name).write_text("earlier " + name)
+    for name in ("eval-000000040.mp4", "eval-000000041.mp4", "dream-000000041-2.mp4"):
+        (videos / name).write_text(name)
+    assert video_step("dream-000000041-2.mp4") == 41 and video_step("eval-41.mp4") is None
+    moved = set_aside_videos_after(tmp_path, 40)
+    assert sorted(p.name for p in moved) == ["dream-000000041-2.mp4", "eval-000000041.2.mp4"]
+    assert sorted(p.name for p in videos.iterdir()) == ["eval-000000040.mp4", "superseded"]
+    assert {p.name: p.read_text() for p in (videos / "superseded").iterdir()} == {
+        "eval-000000041.mp4": "earlier eval-000000041.mp4",
+        "eval-000000041.1.mp4": "earlier eval-000000041.1.mp4",
+        "eval-000000041.2.mp4": "eval-000000041.mp4",
+        "dream-000000041-2.mp4": "dream-000000041-2.mp4"}
+    assert set_aside_videos_after(tmp_path, 41) == []
+
+
 # --------------------------------------------------------------------------- run directories
 
 def test_a_new_run_never_writes_into_another_runs_directory(tmp_path, monkeypatch):

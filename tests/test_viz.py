@@ -2,6 +2,7 @@
 two tiny real CartPole runs (nano model, 160 env steps each) and a small image env."""
 
 import base64
+import io
 import json
 import shutil
 from pathlib import Path
@@ -22,7 +23,7 @@ from lucid.agent import Agent
 from lucid.cli import app
 from lucid.config import as_dict, make_config
 from lucid.envs.spaces import ActionSpec, ObsSpec
-from lucid.nets import symexp
+from lucid.nets import onehot_mode, symexp
 from lucid.plot import eval_points, group_curve, group_runs, load_run, plot_runs
 from lucid.replay import to_batch
 from lucid.report import write_report
@@ -154,6 +155,78 @@ def test_tensorboard_video_is_readable(tmp_path):
         assert reds == [0, 50, 100, 145, 195, 245], reds  # frames 0, 10, 20, 29, 39, 49
 
 
+def test_video_frame_rates_are_kept_and_large_tensorboard_frames_are_subsampled(tmp_path):
+    """fps reaches the MP4 and the GIF (1000/fps ms a frame), also TensorBoard's GIF; frames
+    wider than max_side keep every ceil(W / max_side)-th pixel; MP4 pads odd sides with
+    black below and to the right."""
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+    frames = np.full((4, 15, 32, 3), 255, np.uint8)
+    frames[:, 5:] = (50 * np.arange(4, dtype=np.uint8))[:, None, None, None]  # all different
+    mp4 = video.write_video(tmp_path / "a.mp4", frames, fps=12)
+    reader = iio.get_reader(mp4)
+    assert reader.get_meta_data()["fps"] == 12
+    reader.close()
+    padded = video.read_video(mp4)
+    assert padded.shape == (4, 16, 32, 3) and padded[:, 0].min() > 200
+    assert Image.open(video.write_video(tmp_path / "a.gif", frames, fps=10)).info["duration"] \
+        == 100
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    wide = np.broadcast_to((40 * np.arange(3, dtype=np.uint8))[:, None, None, None],
+                           (3, 6, 600, 3))  # three different frames
+    how = video.log_video(writer, "v", wide, 1, fps=5, max_side=480)
+    writer.close()
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0})
+    acc.Reload()
+    (event,) = acc.Images("v")
+    assert (event.width, event.height) == (300, 3)  # every 2nd pixel of 600 x 6
+    if how == "gif":
+        assert Image.open(io.BytesIO(event.encoded_image_string)).info["duration"] == 200
+
+
+def test_frames_of_any_channel_count_become_rgb_and_tile_row_major():
+    """to_rgb: grey (2-D or one channel) repeats into R, G and B, two channels get the first
+    again as blue, a fourth (alpha) channel is dropped, and other dtypes are clipped into
+    0..255 (not wrapped). tile: row-major in ceil(sqrt(n)) columns, black where empty."""
+    grey = np.arange(6, dtype=np.uint8).reshape(2, 3)
+    for g in (grey, grey[..., None]):
+        np.testing.assert_array_equal(video.to_rgb(g), np.stack([grey] * 3, -1))
+    two = np.stack([grey, grey + 10], -1)
+    np.testing.assert_array_equal(video.to_rgb(two), np.stack([grey, grey + 10, grey], -1))
+    rgba = np.stack([grey, grey + 10, grey + 20, np.full_like(grey, 255)], -1)
+    np.testing.assert_array_equal(video.to_rgb(rgba), rgba[..., :3])
+    np.testing.assert_array_equal(video.to_rgb(np.array([[-5.0, 300.0, 7.9]])),
+                                  [[[0] * 3, [255] * 3, [7] * 3]])
+    with pytest.raises(ValueError, match="no frames"):
+        video.stack_frames([])
+    frames = np.broadcast_to(np.arange(1, 6, dtype=np.uint8)[:, None, None, None], (5, 2, 2, 3))
+    img = video.tile(frames)  # 5 frames: 3 columns, 2 rows, the last cell black
+    assert img.shape == (4, 6, 3)
+    np.testing.assert_array_equal(img[::2, ::2, 0], [[1, 2, 3], [4, 5, 0]])
+    np.testing.assert_array_equal(video.tile(frames, cols=2)[::2, ::2, 0],
+                                  [[1, 2], [3, 4], [5, 0]])
+
+
+def test_dream_windows_are_the_clean_ones_of_a_wrapped_replay():
+    """dream_batch reads the ring buffer from its oldest step on, and takes every window (the
+    last one included) in which no episode starts after the first step, and only those."""
+    from lucid.replay import Replay
+    fields = {"obs/vector": ((1,), np.float32), "action": ((1,), np.float32),
+              "reward": ((), np.float32), "is_first": ((), bool), "is_last": ((), bool),
+              "is_terminal": ((), bool)}
+    rep = Replay(20, 1, fields)  # 20 slots: after 33 steps it holds steps 13..32
+    for t in range(33):
+        rep.add({"obs/vector": np.full((1, 1), t, np.float32), "action": np.zeros((1, 1)),
+                 "reward": np.full(1, t, np.float32), "is_first": np.full(1, t % 9 == 0),
+                 "is_last": np.zeros(1, bool), "is_terminal": np.zeros(1, bool)})
+    batch = video.dream_batch(rep, 300, 6, seed=0)
+    steps = batch["reward"].numpy()
+    np.testing.assert_array_equal(steps, steps[:, :1] + np.arange(6))  # consecutive steps
+    # episodes start at 18 and 27: windows of 6 steps free of a later start begin at these
+    assert set(steps[:, 0].astype(int)) == {18, 19, 20, 21, 27}
+
+
 # --------------------------------------------------------------------------- episodes
 
 
@@ -182,6 +255,15 @@ def test_recorded_episodes_are_the_episodes_evaluate_runs(trainer):
     torch.manual_seed(5)
     cut = video.record_episodes(trainer.agent, "CartPole-v1", 2, seed=3, max_steps=5)
     assert [(r.ret, r.length, len(r.frames)) for r in cut] == [(5.0, 5, 6)] * 2
+
+
+def test_a_downsampled_recording_keeps_every_kth_pixel_of_the_rendered_frames(trainer):
+    torch.manual_seed(5)
+    full = video.record_episodes(trainer.agent, "CartPole-v1", 1, seed=3, max_steps=3)[0]
+    torch.manual_seed(5)
+    half = video.record_episodes(trainer.agent, "CartPole-v1", 1, seed=3, max_steps=3,
+                                 downsample=2)[0]
+    np.testing.assert_array_equal(half.frames, full.frames[:, ::2, ::2])
 
 
 def test_recorded_episodes_of_image_env_are_the_observations():
@@ -235,6 +317,89 @@ def test_open_loop_image_panels_and_dream_ignores_later_observations():
     assert not np.array_equal(other.pred["image"][:, 3:], res.pred["image"][:, 3:])
     with pytest.raises(ValueError, match="exceeds"):
         video.open_loop(agent, batch, context=3, horizon=6)
+
+
+def test_each_dreamed_step_follows_the_action_recorded_one_step_before_it():
+    """h[t] = f(h[t-1], z[t-1], a[t-1]): with context 3 and horizon 5 the dream uses the
+    actions of steps 2..6; the last recorded action (step 7) leads nowhere in the window."""
+    agent, batch = _image_agent(), _image_batch()
+
+    def dream(action):
+        torch.manual_seed(1)
+        return video.open_loop(agent, {**batch, "action": action}, context=3,
+                               horizon=5).pred["image"]
+
+    base = dream(batch["action"])
+    # the first dreamed step, from the posterior state of the last context step
+    wm = agent.wm
+    torch.manual_seed(1)
+    with torch.no_grad():
+        h, z, *_ = wm.observe(wm.encoder({"image": batch["obs"]["image"][:, :3]}),
+                              batch["action"][:, :3], batch["is_first"][:, :3])
+        h3 = wm.sequence(h[:, 2], z[:, 2], batch["action"][:, 2])
+        z3 = onehot_mode(wm.prior_logp(h3))
+        first = wm.decoder(wm.feat(h3, z3)[:, None])["image"][:, 0]
+    first = ((first + 0.5) * 255).clamp(0, 255).round().to(torch.uint8).movedim(-3, -1)
+    np.testing.assert_array_equal(base[:, 3], first.numpy())
+    for t, matters in ((2, True), (7, False)):
+        action = batch["action"].clone()
+        action[:, t] = action[:, t].flip(-1)
+        other = dream(action)
+        np.testing.assert_array_equal(other[:, :3], base[:, :3])  # the context: filtered
+        assert (not np.array_equal(other[:, 3], base[:, 3])) == matters, t
+
+
+def test_open_loop_defaults_limits_errors_and_the_rows_it_draws():
+    """The horizon defaults to the rest of the batch; context 0 is refused; `error` is
+    |truth - prediction| without uint8 wrap-around; frames(rows=1) draws the first row."""
+    agent, batch = _image_agent(), _image_batch()
+    torch.manual_seed(1)
+    res = video.open_loop(agent, batch, context=3)
+    assert (res.horizon, res.length, res.pred["image"].shape[1]) == (5, 8, 8)
+    with pytest.raises(ValueError, match="context must be in"):
+        video.open_loop(agent, batch, context=0)
+    want = np.abs(res.truth["image"].astype(int) - res.pred["image"].astype(int))
+    np.testing.assert_array_equal(res.error("image"), want)
+    vec = video.OpenLoop(1, 1, {"v": np.array([[[1.0], [2.0]]])},
+                         {"v": np.array([[[3.0], [1.5]]])}, vectors=["v"])
+    np.testing.assert_allclose(vec.error("v"), [[[2.0], [0.5]]])
+    one = res.frames(rows=1)
+    assert one.shape == (8, 16 + video.BAR, 3 * 16, 3)
+    np.testing.assert_array_equal(one, res.frames()[:, :16 + video.BAR])
+
+
+def test_a_video_writer_closed_by_an_error_keeps_its_frames_and_the_error(tmp_path):
+    """An exception inside `with VideoWriter(...)` still finishes the file with the frames
+    written so far; with none written, the exception itself comes through."""
+    frames = np.zeros((2, 8, 8, 3), np.uint8)
+    frames[1] = 255  # two different frames (a GIF merges equal neighbours)
+    with pytest.raises(KeyError):
+        with video.VideoWriter(tmp_path / "b.gif") as w:
+            w.append(frames[0])
+            w.append(frames[1])
+            raise KeyError("stop")
+    assert len(video.read_video(tmp_path / "b.gif")) == 2
+    with pytest.raises(KeyError):
+        with video.VideoWriter(tmp_path / "c.gif"):
+            raise KeyError("nothing written")
+
+
+def test_pendulum_and_acrobot_states_are_drawn_from_their_observations():
+    """StateRenderer turns the observations (cos, sin of each angle, velocities) back into
+    the env's angles: the picture is the one the env draws of that state."""
+    for env_id, state, obs in (
+            ("Pendulum-v1", [0.4, 0.0], [np.cos(0.4), np.sin(0.4), 0.0]),
+            ("Acrobot-v1", [0.4, -1.1, 0.0, 0.0],
+             [np.cos(0.4), np.sin(0.4), np.cos(-1.1), np.sin(-1.1), 0.0, 0.0])):
+        env = gym.make(env_id, render_mode="rgb_array")
+        renderer = video.StateRenderer(env_id)
+        try:
+            env.reset(seed=0)
+            env.unwrapped.state = np.array(state)
+            np.testing.assert_array_equal(renderer.render(np.array(obs)), env.render())
+        finally:
+            env.close()
+            renderer.close()
 
 
 def test_open_loop_cartpole_renders_dreamed_states_beside_real_ones(trainer, tmp_path):
@@ -308,6 +473,26 @@ def test_an_evaluation_is_one_point_against_steps_or_wall_time():
             {"env_steps": 200, "wall_time": 20.0, "return": 5.0}]
     assert eval_points(rows) == [(100.0, 2.0), (200.0, 5.0)]
     assert eval_points(rows, "wall_time") == [(10.25, 2.0), (20.0, 5.0)]
+
+
+def test_a_group_curve_averages_the_runs_that_reached_each_x_and_nothing_past_them():
+    """Running means over the last `window` episodes; the common grid spans every run's x
+    range, each run counts only inside its own range, the std band is mean +- one std;
+    a run without the x key is left out."""
+    from lucid.plot import Run, running_mean
+    np.testing.assert_allclose(running_mean(np.array([1.0, 2, 3, 4]), 2), [1, 1.5, 2.5, 3.5])
+
+    def run(xs, y, x="env_steps"):
+        return Run(Path("r"), {}, episodes=[{x: v, "return": y} for v in xs])
+
+    a, b = run([0, 100], 1.0), run([50, 150], 3.0)
+    grid, mean, low, high, count = group_curve([run([10, 20], 9.0, x="updates"), a, b],
+                                               window=1, points=7, band="std")
+    np.testing.assert_allclose(grid, [0, 25, 50, 75, 100, 125, 150])
+    np.testing.assert_array_equal(count, [1, 1, 2, 2, 2, 1, 1])
+    np.testing.assert_allclose(mean, [1, 1, 2, 2, 2, 3, 3])
+    np.testing.assert_allclose(high - mean, [0, 0, 1, 1, 1, 0, 0])
+    np.testing.assert_allclose(mean - low, [0, 0, 1, 1, 1, 0, 0])
 
 
 def test_plot_groups_seeds_of_one_config(runs, tmp_path):
@@ -572,6 +757,50 @@ def test_report_orders_videos_by_step_and_embeds_those_of_a_few_steps(runs, tmp_
         [f"{k}-{s:09d}.png" for s in (2, 4, 7) for k in ("eval", "dream")]
 
 
+def test_summary_counts_train_episodes_without_cut_ones_and_the_last_greedy_evaluation(
+        tmp_path):
+    """summary(): the last metrics row's counters; train episodes without the cut ones, the
+    mean of their last 10 returns and the best one; the cut ones counted apart; the mean of
+    the greedy evaluation episodes at the latest step that has any (sampled ones ignored)."""
+    from lucid.report import summary
+    train = [5, 30, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    rows = [{"env_steps": 10 * i, "return": r} for i, r in enumerate(train)]
+    rows.insert(4, {"env_steps": 45, "return": 100, "cut": True})
+    rows += [{"env_steps": 50, "return": r, "eval": True, "policy": "greedy"} for r in (3, 5)]
+    rows += [{"env_steps": 100, "return": r, "eval": True} for r in (8, 10)]  # greedy: default
+    rows += [{"env_steps": s, "return": r, "eval": True, "policy": "sampled"}
+             for s, r in ((100, 50), (150, 70))]
+    (tmp_path / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    metrics = [{"env_steps": 60, "updates": 3, "episodes": 5, "wall_time": 1.5},
+               {"env_steps": 150, "updates": 9, "episodes": 15, "wall_time": 4.25, "loss": 2.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    assert summary(tmp_path) == {
+        "env_steps": 150, "updates": 9, "episodes": 15, "wall_time": 4.25,
+        "train episodes": 12, "return, last 10 train episodes (mean)": np.mean(train[-10:]),
+        "return, best train episode": 30.0,
+        "episodes cut short by an env crash (left out above)": 1,
+        "eval return at last evaluation (mean)": 9.0, "eval: env steps of last evaluation": 100}
+    text = write_report(tmp_path).read_text()  # no config.yaml: still a run directory
+    assert "<th>loss</th><td>2</td>" in text  # the last metrics row, floats as 4 digits
+    assert text.count("<td>4.25</td>") == 2 and "<td>5.5</td>" in text
+    (tmp_path / "episodes.jsonl").write_text("")
+    assert summary(tmp_path) == {"env_steps": 150, "updates": 9, "episodes": 15,
+                                 "wall_time": 4.25}
+
+
+def test_of_six_video_steps_the_first_last_and_nearest_evenly_spaced_are_embedded():
+    """Steps 10..60: evenly spaced positions 0, 1.67, 3.33, 5 round to steps 10, 30, 40, 60;
+    the videos of four steps or fewer are all embedded (not only four videos)."""
+    from lucid.report import _videos_to_embed
+    six = [Path(f"eval-{s:09d}.mp4") for s in (60, 50, 40, 30, 20, 10)]
+    shown, left = _videos_to_embed(six)
+    assert [video.video_step(v) for v in shown] == [10, 30, 40, 60]
+    assert [video.video_step(v) for v in left] == [20, 50]
+    three = [Path(f"{k}-{s:09d}.mp4") for s in (30, 20, 10) for k in ("dream", "eval")]
+    assert _videos_to_embed(three) == (
+        [Path(f"{k}-{s:09d}.mp4") for s in (10, 20, 30) for k in ("eval", "dream")], [])
+
+
 class Blind(gym.Env):
     """Vector observations and no picture: render() is gymnasium's NotImplementedError."""
     observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
@@ -721,6 +950,18 @@ def test_finish_run_writes_curve_videos_and_report(trainer, tmp_path):
     assert (run / "report.html").read_text().count("<video") == 2  # the ones made before
 
 
+def test_an_end_of_run_artefact_that_fails_only_warns(tmp_path):
+    """finish_run never raises: here the curve and the report cannot be made (an empty
+    directory), each failure is a warning and nothing is returned."""
+    from types import SimpleNamespace
+    from lucid.report import finish_run
+    tr = SimpleNamespace(run_dir=tmp_path, videos_logged_at=None, counters={"env_steps": 0})
+    with pytest.warns(UserWarning) as got:
+        assert finish_run(tr, videos=False) == {}
+    assert [str(w.message).split(":")[0] for w in got] == [
+        "could not write the run's curves", "could not write the run's report"]
+
+
 def _chromium():
     return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome",
                                            "google-chrome-stable", "chrome") if shutil.which(n)),
@@ -761,6 +1002,8 @@ def test_periodic_videos_fall_every_video_every_steps_and_the_end_does_not_repea
         tr.run(end_videos=True)
     names = sorted(p.name for p in (run_dir / "videos").glob("eval-*.mp4"))
     assert names == [f"eval-{s:09d}.mp4" for s in (20, 40, 60)], names
+    # at 20 env steps the replay holds 20: a dream of 5 context steps and the 15 left
+    assert len(video.read_video(run_dir / "videos" / f"dream-{20:09d}.mp4")) == 20
     assert "end-of-run videos" not in capsys.readouterr().out
 
     def video_steps():
