@@ -93,6 +93,12 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def train_episodes(rows: list[dict]) -> list[dict]:
+    """The rows of episodes.jsonl whose returns judge the agent: training episodes, less those
+    an env crash cut short (`"cut": true`, their return only a part)."""
+    return [r for r in rows if not r.get("eval") and not r.get("cut")]
+
+
 @functools.cache
 def config_defaults() -> dict:
     """Every config key with its dataclass default, flattened ({"run.tag": "", ...})."""
@@ -114,7 +120,7 @@ def load_run(run_dir: str | Path) -> Run:
     config = {k: v for k, v in config.items() if k in known or k.startswith("env.kwargs.")}
     rows = read_jsonl(path / "episodes.jsonl")
     return Run(path, {**config_defaults(), **config} if config else {},
-               episodes=[r for r in rows if not r.get("eval") and not r.get("cut")],
+               episodes=train_episodes(rows),
                eval_rows=[r for r in rows if r.get("eval")],
                metrics=read_jsonl(path / "metrics.jsonl"))
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import atomic_write_text
-from .plot import plot_runs, read_jsonl
+from .plot import plot_runs, read_jsonl, train_episodes
 from .warn import warn
 
 VIDEO_TYPES = {".mp4": "video/mp4", ".webm": "video/webm"}
@@ -76,7 +76,7 @@ def summary(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     eps = read_jsonl(run_dir / "episodes.jsonl")
     metrics = read_jsonl(run_dir / "metrics.jsonl")
-    train = [e for e in eps if not e.get("eval") and not e.get("cut")]  # cut: an env crash's
+    train = train_episodes(eps)
     greedy = [e for e in eps if e.get("eval") and e.get("policy", "greedy") == "greedy"]
     out: dict = {}
     last = metrics[-1] if metrics else {}
