@@ -78,7 +78,8 @@ def save_figure(fig, path: str | Path, dpi: int) -> Path:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSONL file; a truncated last line (a run killed mid-write) is skipped."""
+    """Rows of a JSONL file; a line that is not JSON (the torn last line of a run killed
+    mid-write, or one damaged later) is skipped, and the rows after it are kept."""
     rows = []
     if not path.exists():
         return rows

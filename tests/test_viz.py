@@ -625,6 +625,27 @@ def test_plot_draws_a_curve_of_one_point_as_a_marker(tmp_path, monkeypatch):
     assert markers == [["o"], ["None"]]
 
 
+def test_plot_skips_corrupt_lines_and_marks_greedy_evaluations_only(tmp_path, monkeypatch):
+    """A corrupt line anywhere in episodes.jsonl (not only a torn last one) costs that row
+    alone; the evaluation markers are the greedy episodes' mean, sampled ones left out."""
+    run = _synthetic_run(tmp_path / "r", 0)
+    lines = (run / "episodes.jsonl").read_text().splitlines()
+    sampled = {"env_steps": 200, "return": -70.0, "length": 9, "wall_time": 12.0,
+               "eval": True, "policy": "sampled"}
+    (run / "episodes.jsonl").write_text("\n".join(
+        [*lines[:5], '{"env_steps": 6', *lines[5:], json.dumps(sampled), '{"ret']) + "\n")
+    loaded = load_run(run)
+    assert [e["return"] for e in loaded.episodes] == [float(i) for i in range(1, 21)]
+    assert [e["policy"] for e in loaded.eval_rows] == ["greedy", "sampled"]
+    drawn = []
+    save = video.save_figure
+    monkeypatch.setattr("lucid.plot.save_figure", lambda fig, path, dpi: (
+        drawn.extend((ln.get_label(), list(ln.get_ydata())) for ln in fig.axes[0].lines),
+        save(fig, path, dpi))[1])
+    plot_runs([run], tmp_path / "p.png")
+    assert drawn[-1] == ("CartPole-v1 (1 seed): eval", [50.0])
+
+
 def test_plot_reads_a_key_missing_from_an_old_config_as_its_default(tmp_path):
     new = _synthetic_run(tmp_path / "new", 0)
     old = _synthetic_run(tmp_path / "old", 1, drop=["train.actor_baseline_grad"])
