@@ -8,11 +8,10 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 PYTEST_ARGS ?=
-# The suite runs in one process (~12 minutes on the CI machine). TEST_WORKERS=2 spreads its files
-# over pytest-xdist workers, one thread each (tests/conftest.py): ~9 minutes instead of ~15 on
-# the development machine, which passed that way every time; on the CI machine one such run
-# hung past its 90-minute limit with no test failed, so CI keeps to one process.
-TEST_WORKERS ?= 1
+# The suite runs as two pytest processes at once, one thread each, over shares of the test
+# files balanced by tests/durations.json (tests/shards.py; each share's log is printed when it
+# ends). TEST_SHARDS=1 runs one ordinary pytest process (for PYTEST_ARGS naming files or tests).
+TEST_SHARDS ?= 2
 
 .PHONY: setup train test test-all bench gpu-wheels clean
 
@@ -33,8 +32,11 @@ train: setup
 	$(BIN)/lucid train
 
 test: setup
-	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) \
-	  $(PYTEST_ARGS)
+ifeq ($(TEST_SHARDS),1)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+else
+	$(BIN)/python tests/shards.py -n $(TEST_SHARDS) -- $(PYTEST_ARGS)
+endif
 
 bench: setup
 	$(BIN)/python benchmarks/train_step.py

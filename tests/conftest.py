@@ -1,15 +1,9 @@
-"""Test-session settings. `make test TEST_WORKERS=2` runs the suite in two pytest-xdist
-workers, a test file per worker at a time (`--dist loadfile`): each worker, and every process
-its tests start, then uses one thread, so that two workers do not oversubscribe a 2-core
-machine (OpenMP threads that outnumber the cores spin and wait on each other). Tests that need
-a thread count set it themselves."""
+"""Test-session settings, and each test file's seconds for tests/shards.py when it asks for
+them (LUCID_TEST_DURATIONS: a JSON file to write at the end of the session)."""
 
+import json
 import os
-
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(name, "1")  # before torch is imported
-
+from collections import defaultdict
 
 import pytest
 
@@ -21,6 +15,19 @@ def offline_wandb_vars(folder) -> dict:
             "WANDB_CONFIG_DIR": str(folder / "wandb-config"),
             "WANDB_CACHE_DIR": str(folder / "wandb-cache"),
             "WANDB_DATA_DIR": str(folder / "wandb-data")}
+
+
+_seconds: dict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+    _seconds[report.nodeid.split("::")[0].rsplit("/", 1)[-1]] += report.duration
+
+
+def pytest_sessionfinish(session):
+    if os.environ.get("LUCID_TEST_DURATIONS"):
+        with open(os.environ["LUCID_TEST_DURATIONS"], "w") as f:
+            json.dump({k: round(v, 1) for k, v in _seconds.items()}, f)
 
 
 @pytest.fixture
