@@ -477,3 +477,91 @@ def test_checks_random_actions_follow_run_seed():
         return [line for line in r.output.splitlines() if line.startswith("random actions")]
 
     assert rollout(0) == rollout(0) != rollout(1)
+
+
+def test_train_flags_and_an_override_in_the_envs_place_reach_the_saved_config(tmp_path):
+    """--seed, --envs-per-runner and --ray-address are saved as their run.* keys; an override
+    where ENV goes leaves the env at CartPole-v1 and is the first override, so a later one of
+    the same key wins."""
+    r = runner.invoke(app, ["train", "model.size=nano", "--steps", "0", "--seed", "7",
+                            "--envs-per-runner", "3", "--ray-address", "auto", "--run-dir",
+                            str(tmp_path), "--device", "cpu", "run.progress=false",
+                            "run.videos=false", "model.size=micro"])
+    assert r.exit_code == 0, r.output
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert (saved["env"]["id"], saved["model"]["size"]) == ("CartPole-v1", "micro")
+    assert (saved["run"]["seed"], saved["run"]["envs_per_runner"],
+            saved["run"]["ray_address"]) == (7, 3, "auto")
+
+
+def test_train_refusals_name_the_file_the_key_and_what_a_resume_would_not_apply(tmp_path,
+                                                                              monkeypatch):
+    """--size is named as such; a file named like a config section (run.py) is an env file,
+    not a key; an override in
+    ENV's place gets the closest key; `--resume` with an env, flags (--seed 0 too) or keys
+    its saved config would override names each of them and the keys it takes."""
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["train", "run.py:Env"])
+    assert r.exit_code == 2 and f"there is no file {tmp_path / 'run.py'}" in r.output, r.output
+    r = runner.invoke(app, ["train", "--size", "xxl"])
+    assert r.exit_code == 2 and "unknown --size 'xxl'; choose one of " in r.output, r.output
+    r = runner.invoke(app, ["train", "train.batch_sise=4"])
+    assert r.exit_code == 2 and "did you mean 'train.batch_size'" in r.output, r.output
+    import gymnasium as gym
+    gym.register("LucidTestNeedsAModule-v1", entry_point="no_such_pkg_for_lucid.envs:Env")
+    try:  # an env whose package is missing
+        r = runner.invoke(app, ["train", "LucidTestNeedsAModule-v1", "--size", "nano",
+                                "--run-dir", str(tmp_path / "m")])
+    finally:
+        del gym.registry["LucidTestNeedsAModule-v1"]
+    assert r.exit_code == 2 and "needs the package 'no_such_pkg_for_lucid'" in r.output, r.output
+    r = runner.invoke(app, ["train", "Pendulum-v1", "--resume", str(tmp_path / "run"),
+                            "--seed", "0", "--run-dir", str(tmp_path / "x"),
+                            "train.train_ratio=4", "run.eval_episodes=3"])
+    assert r.exit_code == 2, r.output
+    assert ("so the env 'Pendulum-v1', --seed, --run-dir, train.train_ratio=4 would not be "
+            "applied; --resume takes --steps, --device and these: run.log_every, ") in r.output
+
+
+def test_a_preset_given_by_name_gets_no_note_on_presets(tmp_path):
+    """The notes on the preset (the paper's setting is slow on a CPU; what lucid's CPU
+    recipe changes) are for the preset lucid picked, not for one the command line names."""
+    for env, preset in (("examples.custom_env:MyEnv", "default"), ("CartPole-v1", "cpu-control")):
+        r = runner.invoke(app, ["train", env, "--preset", preset, "--size", "nano", "--steps",
+                                "0", "--run-dir", str(tmp_path / preset), "--device", "cpu",
+                                "run.videos=false", "run.progress=false"])
+        assert r.exit_code == 0, r.output
+        assert "note: preset" not in r.output, r.output
+
+
+def test_more_bad_command_line_values_are_one_line_errors(tmp_path):
+    """Refused before anything is loaded or written, each naming the value; an upper-case
+    suffix is a suffix (the run is looked for)."""
+    cases = [
+        (["check", "CartPole-v1", "--steps", "0"], "--steps must be >= 1, got 0"),
+        (["eval", str(tmp_path), "--video", "--format", "avi"],
+         "--format must be mp4 or gif, got 'avi'"),
+        (["dream", str(tmp_path), "--fps", "0"], "(got 45, 3, 5, 0.0)"),
+        (["dream", str(tmp_path), "--context", "0"], "(got 45, 3, 0, 10.0)"),
+        (["dream", str(tmp_path), "--out", "d.MP4"], "not a lucid run"),
+        (["plot", str(tmp_path), "--out", str(tmp_path / "c.png")],
+         "has no episodes.jsonl; is it a lucid run directory?"),
+    ]
+    for args, message in cases:
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert message in r.output, (args, r.output)
+        assert r.exception is None or isinstance(r.exception, SystemExit), args
+    assert not any(tmp_path.iterdir())
+
+
+def test_video_names_never_overwrite_a_file(tmp_path):
+    """Names of one eval's videos: as asked, or all with the first -2, -3, ... that none of
+    them has taken."""
+    from lucid.cli import _unused
+    a, b = tmp_path / "a.mp4", tmp_path / "b.gif"
+    assert _unused([a, b]) == [a, b]
+    a.write_bytes(b"")
+    assert _unused([a, b]) == [tmp_path / "a-2.mp4", tmp_path / "b-2.gif"]
+    (tmp_path / "b-2.gif").write_bytes(b"")
+    assert _unused([a, b]) == [tmp_path / "a-3.mp4", tmp_path / "b-3.gif"]

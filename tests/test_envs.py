@@ -106,12 +106,24 @@ def test_unknown_names_get_suggestions(monkeypatch):
         make_env("CartPol-v1")
 
 
+def test_a_suite_prefix_without_a_task_is_told_with_an_example_of_its_own():
+    """`dmc:` names no task: the error gives one of the suite's tasks; `crafter:` needs none.
+    default_preset gives the default preset for an id it cannot parse and for envpool's ids
+    that are not Atari's."""
+    with pytest.raises(UnknownEnvError, match="'dmc:' names no task; e.g. dmc:walker-walk$"):
+        make_env("dmc:")
+    assert default_preset("crafter:") == "crafter"
+    assert default_preset("atari:") == "default"
+    assert default_preset("envpool:CartPole-v1") == "default"
+
+
 def test_a_registered_env_that_needs_a_missing_module_names_it():
     import gymnasium as gym
     gym.register("LucidTestNeedsAModule-v0", entry_point="no_such_pkg_for_lucid.envs:Env")
     try:
         with pytest.raises(ImportError, match="LucidTestNeedsAModule-v0 needs the package "
-                                              "'no_such_pkg_for_lucid'.*pip install"):
+                                              r"'no_such_pkg_for_lucid'.*\(pip install "
+                                              r"no_such_pkg_for_lucid\)"):
             make_env("LucidTestNeedsAModule-v0")
     finally:
         del gym.registry["LucidTestNeedsAModule-v0"]
@@ -1051,7 +1063,7 @@ def test_gymnasium_module_colon_id_makes_the_env_the_module_registers(tmp_path, 
     env = make_env("my_reg:my_reg/Grid-v0")
     assert type(env.unwrapped).__name__ == "Grid" and env.spec.max_episode_steps == 7
     assert make_env("my_reg:my_reg/Grid-v0", max_episode_steps=3).spec.max_episode_steps == 3
-    with pytest.raises(UnknownEnvError, match="did not register the gymnasium id "
+    with pytest.raises(UnknownEnvError, match="importing my_reg did not register the gymnasium id "
                        "'my_reg/Grid-v9'; did you mean my_reg/Grid-v0"):
         make_env("my_reg:my_reg/Grid-v9")
 
@@ -1084,3 +1096,169 @@ def test_an_env_file_with_dots_in_its_name_pickles_and_a_missing_class_is_named(
     assert type(pickle.loads(pickle.dumps(env))).__name__ == "Still"
     with pytest.raises(UnknownEnvError, match=r"my\.env\.py defines no 'Stil'"):
         make_env(f"{tmp_path}/my.env.py:Stil")
+
+
+def test_env_files_are_imported_once_per_path_and_their_folder_goes_first(tmp_path,
+                                                                        monkeypatch):
+    """Two env files of one name in two folders are two modules, and one file gives the same
+    classes on every import; `~` is the home directory and a folder's name may hold a colon
+    (the attribute follows the last one). The file's folder goes first on the import path,
+    as for `python file.py`: a module next to it wins over one of the same name further
+    down; where a module of the file's own name comes first, or one was imported already,
+    `import` keeps giving that one."""
+    from lucid.envs import import_attr, resolve_env_id
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    for folder, n in (("a", 1), ("b:2", 2)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "same_name_env.py").write_text(
+            "import gymnasium as gym\n"
+            "class Env(gym.Env):\n"
+            f"    observation_space = gym.spaces.Box(0, 1, ({n},))\n"
+            "    action_space = gym.spaces.Discrete(2)\n")
+    a, b = (f"{tmp_path / folder}/same_name_env.py:Env" for folder in ("a", "b:2"))
+    assert make_env(a).observation_space.shape == (1,)
+    assert make_env(b).observation_space.shape == (2,)
+    assert import_attr(a) is import_attr(a) is type(make_env(a).unwrapped)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_env_id("~/a/same_name_env.py:Env") == resolve_env_id(a)
+    proj, other = tmp_path / "proj", tmp_path / "other"
+    proj.mkdir(), other.mkdir()
+    (other / "lucid_probe_sibling.py").write_text("WHERE = 'other'\n")
+    (proj / "lucid_probe_sibling.py").write_text("WHERE = 'proj'\n")
+    (proj / "probe_env.py").write_text("from lucid_probe_sibling import WHERE\n")
+    (other / "lucid_probe_dup.py").write_text("WHERE = 'other'\n")
+    (proj / "lucid_probe_dup.py").write_text("WHERE = 'proj'\n")
+    sys.path.insert(0, str(other))
+    assert import_attr(f"{proj}/probe_env.py:WHERE") == "proj"
+    sibling = sys.modules["lucid_probe_sibling"]  # imported as a module: it stays that one
+    assert import_attr(f"{proj}/lucid_probe_sibling.py:WHERE") == "proj"
+    assert sys.modules["lucid_probe_sibling"] is sibling
+    sys.path.insert(0, str(other))  # before proj, which the import above put first
+    assert import_attr(f"{proj}/lucid_probe_dup.py:WHERE") == "proj"
+    import lucid_probe_dup
+    assert lucid_probe_dup.WHERE == "other"
+
+
+def test_an_env_file_that_fails_to_import_leaves_nothing_behind(tmp_path, monkeypatch):
+    """A file raising on import leaves sys.modules and sys.path as they were (so it imports
+    once fixed); a file that is not there is named as such, with no module-path advice."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    env_file = tmp_path / "half_done.py"
+    env_file.write_text("raise RuntimeError('half done')\n")
+    modules = set(sys.modules)
+    with pytest.raises(RuntimeError, match="half done"):
+        make_env(f"{env_file}:Env")
+    assert str(tmp_path) not in sys.path and set(sys.modules) == modules
+    env_file.write_text("import gymnasium as gym\n"
+                        "class Env(gym.Env):\n"
+                        "    observation_space = gym.spaces.Box(0, 1, (1,))\n"
+                        "    action_space = gym.spaces.Discrete(2)\n")
+    assert type(make_env(f"{env_file}:Env").unwrapped).__name__ == "Env"
+    with pytest.raises(UnknownEnvError, match=r"there is no file .*nothing_here\.py \(if it "
+                                              r"moved") as err:
+        make_env(f"{tmp_path}/nothing_here.py:Env")
+    assert "PYTHONPATH" not in str(err.value)
+
+
+def test_a_module_import_that_fails_leaves_the_path_and_names_what_is_missing(tmp_path,
+                                                                              monkeypatch):
+    """A module looked for in the working directory too, and not found, leaves sys.path as
+    it was; a missing import whose name begins like the module's own is still an import of
+    the module, and an env file's missing import is told as a module's is; a module that
+    needs a suite's extra raises MissingExtraError, which names it; a module that raises on
+    import, named by gymnasium's module:Id syntax, is named with its error."""
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UnknownEnvError, match=r"No module named 'no_such_module_xyz'.*or a "
+                                              r"suite prefix \(atari:, atari100k:, dmc:, "):
+        make_env("no_such_module_xyz:Env")
+    assert str(tmp_path) not in sys.path
+    (tmp_path / "lucid_probe_env_x.py").write_text("import lucid_probe_env\n")
+    with pytest.raises(UnknownEnvError, match="it imports 'lucid_probe_env', which is not "
+                                              "installed"):
+        make_env("lucid_probe_env_x:Env")
+    with pytest.raises(UnknownEnvError, match="it imports 'lucid_probe_env', which is not "
+                                              "installed"):  # an env file's import too
+        make_env(f"{tmp_path}/lucid_probe_env_x.py:Env")
+    (tmp_path / "needs_extra.py").write_text("from lucid.envs.extras import require\n"
+                                             "require('no_such_pkg_xyz', 'xyz')\n")
+    with pytest.raises(MissingExtraError, match=r"pip install 'lucid-rl\[xyz\]'"):
+        make_env("needs_extra:Env")
+    # gymnasium's module:Id syntax: a module that raises on import is named with its error
+    (tmp_path / "lucid_probe_reg.py").write_text("raise AttributeError('no such setting')\n")
+    with pytest.raises(UnknownEnvError, match="cannot load environment "
+                                              "'lucid_probe_reg:probe/Env-v0': no such setting"):
+        make_env("lucid_probe_reg:probe/Env-v0")
+
+
+USER_ENVS = """
+import gymnasium as gym
+
+NOT_CALLABLE = 3
+
+
+def not_an_env():
+    return {"obs": 0}
+
+
+class Picky(gym.Env):
+    observation_space = gym.spaces.Box(0, 1, (1,))
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, render_mode=None, size=1):
+        self.render_mode = render_mode
+        self.size = size + 0  # the env's own TypeError for size=None
+"""
+
+
+def test_what_a_user_env_name_gives_must_be_an_env_and_its_type_errors_stay_its_own(
+        tmp_path, monkeypatch):
+    """Something not callable, or a function returning no gymnasium.Env, is named; a
+    TypeError of an env that takes render_mode (a bad keyword, its own bug) is its own, not
+    the note on render_mode."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    path = tmp_path / "user_envs.py"
+    path.write_text(USER_ENVS)
+    with pytest.raises(UnknownEnvError, match=r"user_envs\.py:NOT_CALLABLE' is a int, not an "
+                                              "env class"):
+        make_env(f"{path}:NOT_CALLABLE")
+    with pytest.raises(UnknownEnvError, match=r"not_an_env' returned dict, not a gymnasium"):
+        make_env(f"{path}:not_an_env")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sise'"):
+        make_env(f"{path}:Picky", sise=2)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        make_env(f"{path}:Picky", render_mode="rgb_array", size=None)
+    assert make_env(f"{path}:Picky", render_mode="rgb_array").render_mode == "rgb_array"
+
+
+def test_an_env_instance_is_named_by_its_class_and_its_constructor_keeps_the_options():
+    """An env instance given to Dreamer: its id names its class (an id without one names
+    itself), a process without the instance says how to load the run, and env_fn's
+    constructor of it applies the time limit and options it is given."""
+    from lucid import api
+    from lucid.envs import INSTANCE_PREFIX, env_label
+    assert env_label(f"{INSTANCE_PREFIX}3_CartPoleEnv") == "CartPoleEnv"
+    assert env_label(f"{INSTANCE_PREFIX}3") == f"{INSTANCE_PREFIX}3"
+    assert env_label(f"{REPO}/examples/custom_env.py:MyEnv") == "custom_env.py:MyEnv"
+    with pytest.raises(UnknownEnvError, match=r"on an env instance \(Dreamer\(Lost\(\.\.\.\)\)\), "
+                       r"which no other process can rebuild; load it with Dreamer\.load\(path, "
+                       r"env=Lost\(\.\.\.\)\)"):
+        make_env(f"{INSTANCE_PREFIX}999999_Lost")
+    env_id = api._register_instance(gym.make("CartPole-v1"))
+    env = env_fn(env_id, 5)()
+    env.reset(seed=0)
+    assert [env.step(t % 2)[3] for t in range(5)] == [False] * 4 + [True]
+    with pytest.raises(TypeError, match="made with render_mode=None"):
+        env_fn(env_id, None, render_mode="rgb_array")()
+
+
+def test_rgb_array_frames_need_no_display(monkeypatch):
+    """render_mode="rgb_array" draws off-screen: pygame is told to need no display."""
+    monkeypatch.setenv("SDL_VIDEODRIVER", "placeholder")
+    monkeypatch.delenv("SDL_VIDEODRIVER")
+    make_env("CartPole-v1", render_mode="rgb_array").close()
+    assert os.environ["SDL_VIDEODRIVER"] == "dummy"

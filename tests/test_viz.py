@@ -702,6 +702,42 @@ def test_plot_any_metric_or_episode_key(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "world_model/loss" in r.output and not (tmp_path / "x.png").exists()
 
 
+def test_plot_labels_name_the_env_then_the_tag_and_show_what_a_run_lacks(tmp_path):
+    """Labels: the env (a file's name, not its path), the tag, then other keys by name; a
+    run without config.yaml shows "-" for what it lacks, and alone is named by its
+    directory; groups given one name twice stay two curves."""
+    env = f"{tmp_path / 'proj' / 'my_env.py'}:MyEnv"
+    a = _synthetic_run(tmp_path / "a", 0, ["run.tag=mine", "model.size=nano"])
+    b = _synthetic_run(tmp_path / "b", 0, [f"env.id={env}"])
+    assert list(group_runs([load_run(r) for r in (a, b)])) == [
+        "CartPole-v1, mine, model.size=nano (1 seed)",
+        "my_env.py:MyEnv, untagged, model.size=mini (1 seed)"]
+    assert list(group_runs([load_run(r) for r in (a, b)], ["same", "same"])) == [
+        "same (1 seed)", "same (1 seed)'"]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(a / "episodes.jsonl", bare)
+    assert list(group_runs([load_run(bare)])) == ["bare (1 seed)"]
+    lacking, full = group_runs([load_run(bare), load_run(a)])
+    assert lacking.startswith("-, untagged, env.asynchronous=-, +"), lacking
+    assert full.startswith("CartPole-v1, mine, env.asynchronous=False, +"), full
+
+
+def test_plot_groups_configs_that_differ_only_in_how_their_files_are_written(tmp_path):
+    """The order of config.yaml's keys and list values (env kwargs) do not split a group; an
+    empty config.yaml is no config; a directory without episodes.jsonl is not a run."""
+    runs = [_synthetic_run(tmp_path / f"s{s}", s) for s in (0, 1)]
+    for run, kwargs in zip(runs, ({"size": [8, 8], "mode": 1}, {"mode": 1, "size": [8, 8]})):
+        tree = yaml.safe_load((run / "config.yaml").read_text())
+        tree["env"]["kwargs"] = kwargs
+        (run / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+    assert list(group_runs([load_run(r) for r in runs])) == ["CartPole-v1 (2 seeds)"]
+    (runs[0] / "config.yaml").write_text("")
+    assert load_run(runs[0]).config == {}
+    with pytest.raises(FileNotFoundError, match="has no episodes.jsonl; is it a lucid run"):
+        load_run(tmp_path)
+
+
 class _Page(HTMLParser):
     VOID = {"meta", "img", "source", "br", "hr", "link", "input"}
 

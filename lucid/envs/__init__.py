@@ -304,7 +304,7 @@ def _user_env(spec: str, **kwargs) -> gym.Env:
         suites = ", ".join(f"{p}:" for p in SUITES)
         module = spec.partition(":")[0]
         missing = getattr(exc, "name", None) or ""
-        if isinstance(exc, ModuleNotFoundError) and _file_id(spec) is None and missing \
+        if isinstance(exc, ModuleNotFoundError) and missing \
                 and not (module + ".").startswith(missing + "."):
             raise UnknownEnvError(  # found the env's module: one of its imports is missing
                 f"cannot load environment {spec!r}: it imports {missing!r}, which is not "
