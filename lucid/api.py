@@ -149,6 +149,9 @@ class Dreamer:
                 or total_env_steps < 0:
             raise ValueError(f"learn() takes a whole number of env steps >= 0, got "
                              f"{total_env_steps!r}")
+        if callback is not None and not callable(callback):  # not at an episode's end
+            raise TypeError(f"learn(callback=...) takes a function of the episode's info "
+                            f"dict, or None; got {type(callback).__name__}")
         if self.trainer.closed and self.trainer._learn:  # a run close()d: go on from its
             self._reopen()                               # last checkpoint
         elif self.trainer.collector is None:  # made or loaded to act with: its run starts now
@@ -184,6 +187,9 @@ class Dreamer:
                             "it; pass the observation alone: obs, info = env.reset()")
         n = spec.batch_of(obs)
         batched = n is not None
+        if n == 0:
+            raise ValueError("predict got a batch of 0 observations; pass one observation or "
+                             "a batch of N >= 1")
         spec.check(obs, (n,) if batched else ())  # as strict as training, and named
         arrays = spec.convert(obs, (n,) if batched else ())
         if not batched:
@@ -196,6 +202,15 @@ class Dreamer:
                 raise ValueError(f"predict got a state for {state.h.shape[0]} env(s) and "
                                  f"{n} observation(s); keep one state per batch size, or pass "
                                  f"state=None to start new episodes")
+            wm = self.agent.wm
+            want = ((wm.initial_h.shape[0],), (wm.G, wm.K), (wm.action_dim,))
+            if (tuple(state.h.shape[1:]), tuple(state.z.shape[1:]),
+                    tuple(state.action.shape[1:])) != want:  # another agent's
+                raise ValueError(f"predict got a state of another model (h, z and action of "
+                                 f"{tuple(state.h.shape[1:])}, {tuple(state.z.shape[1:])}, "
+                                 f"{tuple(state.action.shape[1:])}; this agent's are "
+                                 f"{', '.join(map(str, want))}): pass the state this agent's "
+                                 f"predict returned, or None")
         tensors = {k: torch.as_tensor(v, device=self.agent.device) for k, v in arrays.items()}
         starts = None
         if episode_start is not None:
@@ -223,7 +238,7 @@ class Dreamer:
     def save(self, path: str | Path) -> None:
         """The agent (weights, optimisers, config, counters) in one file, for `load`; its
         directory is made if missing."""
-        path = Path(path)
+        path = Path(path).expanduser()
         if path.is_dir():
             raise IsADirectoryError(f"{path} is a directory; save() writes one file: give a "
                                     f"file name, e.g. {path / 'agent.pt'}")
@@ -262,7 +277,7 @@ class Dreamer:
         learning with other settings; networks of other shapes are refused with the
         checkpoint); a resume takes the keys that `lucid train --resume` may change
         (lucid.config.RESUME_SETTABLE: run__steps, run__eval_every, ...)."""
-        path = Path(path)
+        path = Path(path).expanduser()
         sections = _sections(overrides, "Dreamer.load")
         if resume:
             return cls._resume(path, run_dir, device, env, sections)

@@ -30,6 +30,10 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     if not path.parent.is_dir():
         raise FileNotFoundError(f"cannot write {path}: the directory {path.parent} does not "
                                 f"exist")
+    if path.exists() and not path.is_file():  # the rename would replace it (e.g. /dev/null)
+        raise ValueError(f"cannot write {path}: it is not a regular file (a directory, device, "
+                         f"pipe or socket), which writing a file there would replace; give "
+                         f"the path of a file")
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:

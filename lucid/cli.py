@@ -68,6 +68,15 @@ def _build(env: str, preset: Optional[str], size: Optional[str], steps: Optional
     return make_config(preset, overrides, **sections)
 
 
+def _refuse_key_without_value(env: str) -> None:
+    """An ENV argument that is a config key whose `=VALUE` was left out (`model.size`)."""
+    sections = {f.name for f in dataclasses.fields(Config)
+                if dataclasses.is_dataclass(f.default_factory)}
+    if env.split(".")[0] in sections and ":" not in env and "/" not in env:
+        _fail(f"{env!r} looks like a config key without a value: write {env}=VALUE "
+              f"(`lucid config` lists the keys)")
+
+
 def _not_applied_on_resume(env: str, overrides: List[str], **options) -> List[str]:
     """What a `train --resume` command line names that the saved config would override."""
     names = [] if env == DEFAULT_ENV else [f"the env {env!r}"]
@@ -102,11 +111,7 @@ def train(
     if "=" in env:  # no ENV given, the first override landed in its place
         overrides.insert(0, env)
         env = DEFAULT_ENV
-    sections = {f.name for f in dataclasses.fields(Config)
-                if dataclasses.is_dataclass(f.default_factory)}
-    if env.split(".")[0] in sections and ":" not in env and "/" not in env:
-        _fail(f"{env!r} looks like a config key without a value: write {env}=VALUE "
-              f"(`lucid config` lists the keys)")
+    _refuse_key_without_value(env)
     # These flags are run.* config keys; like --steps and --size they lose to an explicit
     # section.key=value override, so they go first.
     overrides[:0] = [f"run.{key}={val}" for key, val in (
@@ -129,7 +134,8 @@ def train(
         else:
             cfg = _build(env, preset, size, steps, seed, run_dir, device, overrides)
             trainer = Trainer(cfg)
-    except (ConfigError, ValueError, FileNotFoundError, TypeError, ImportError) as exc:
+    except (ConfigError, ValueError, FileNotFoundError, TypeError, ImportError,
+            EnvError) as exc:  # EnvError: an env that kept raising in its first reset
         _fail(exc)
     typer.echo(f"run directory: {trainer.run_dir}  (preset {trainer.cfg.preset}, "
                f"size {trainer.cfg.model.size}, {trainer.cfg.run.steps} env steps)")
@@ -219,10 +225,17 @@ def eval_cmd(run_dir: str = typer.Argument(..., help="a run directory, or an age
     """Evaluate the newest checkpoint of RUN_DIR (greedy policy unless --sampled)."""
     if episodes < 1:
         _fail(f"--episodes must be >= 1, got {episodes}")
+    if seed is not None and seed < 0:  # the envs' seeds: numpy's, which are >= 0
+        _fail(f"--seed must be >= 0, got {seed}")
     if video:
         return _eval_video(run_dir, episodes, sampled, video_format, seed)
     trainer = _load_run(run_dir, file_ok=True)
-    eps = trainer.evaluate(episodes, explore=sampled, seed=seed)
+    try:
+        eps = trainer.evaluate(episodes, explore=sampled, seed=seed)
+    except Exception as exc:  # noqa: BLE001 - the env's (a NaN, a crash): one line
+        where = raised_at(exc)
+        _fail(f"the evaluation failed: {type(exc).__name__}: {exc}"
+              + (f" (raised at {where})" if where else ""))
     if not eps:
         _fail("no evaluation episode ended (see the warning above): give the env a time "
               "limit, e.g. edit env.max_episode_steps in the run's config.yaml")
@@ -241,6 +254,7 @@ def config_cmd(args: List[str] = typer.Argument(None, help="[ENV] section.key=va
     section.key=value overrides would run with."""
     args = list(args or [])
     env = args.pop(0) if args and "=" not in args[0] else DEFAULT_ENV
+    _refuse_key_without_value(env)  # else printed as the config of an env of that name
     try:
         typer.echo(to_yaml(_build(env, preset, size, None, None, None, None, args)))
     except ConfigError as exc:
@@ -330,6 +344,8 @@ def dream_cmd(run_dir: str,
     if min(horizon, rows, context) < 1 or fps <= 0:
         _fail(f"--horizon, --rows and --context must be >= 1 and --fps > 0 (got "
               f"{horizon}, {rows}, {context}, {fps})")
+    if seed < 0:
+        _fail(f"--seed must be >= 0, got {seed}")
     trainer = _load_run(run_dir)
     plot = out is not None and Path(out).suffix.lower() == ".png"
     try:
@@ -386,7 +402,7 @@ def report_cmd(run_dir: str, out: Optional[str] = typer.Option(
     from .report import write_report
     try:
         path = write_report(run_dir, out)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         _fail(exc)
     typer.echo(str(path))
 

@@ -10,7 +10,9 @@ one override away. Override any key on the command line as `section.key=value`, 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import math
 import re
 import importlib.util
 from dataclasses import dataclass, field
@@ -328,10 +330,22 @@ def make_config(preset: str = "default", overrides: list[str] | dict | None = No
     if isinstance(overrides, dict):
         layers.append(overrides)
     elif overrides:
+        sections_ = [f for f in base.keys() if isinstance(base[f], DictConfig)]
         for item in overrides:
             if "=" not in item:
                 raise ConfigError(f"override {item!r} is not of the form section.key=value "
                                   f"(e.g. train.train_ratio=512)")
+            key = item.split("=", 1)[0].strip()
+            if not key:
+                raise ConfigError(f"override {item!r} names no key; write section.key=value "
+                                  f"(e.g. train.train_ratio=512)")
+            if key == "preset":  # it would only relabel the config, none of its values
+                raise ConfigError(f"override {item!r} would rename the preset, not apply it; "
+                                  f"choose it with --preset {item.split('=', 1)[1].strip()} "
+                                  f"(Python: preset=...)")
+            if key in sections_:  # train=5: a whole section, which takes no value
+                raise ConfigError(f"override {item!r} sets the whole {key} section; set one "
+                                  f"of its keys, {key}.KEY=value (`lucid config` lists them)")
         try:
             layers.append(OmegaConf.from_dotlist(list(overrides)))
         except Exception as exc:  # malformed dotlist
@@ -346,8 +360,11 @@ def make_config(preset: str = "default", overrides: list[str] | dict | None = No
                               + _suggest(key, _all_keys(base))
                               + "; list them all with `lucid config`") from None
         except ValidationError as exc:
-            raise ConfigError(f"bad value for config key {exc.full_key!r}: "
-                              f"{exc.msg.splitlines()[0]}") from None  # not OmegaConf's details
+            if not exc.full_key:  # a whole section given a value (Dreamer(train=[...]), a dict)
+                raise ConfigError(f"bad config value: {str(exc).splitlines()[0]}; give each "
+                                  f"section a mapping of its keys") from None
+            why = (exc.msg or str(exc)).splitlines()[0]  # not OmegaConf's details
+            raise ConfigError(f"bad value for config key {exc.full_key!r}: {why}") from None
     obj: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     validate(obj)
     return obj
@@ -358,7 +375,11 @@ def validate(cfg: Config) -> None:
     cfg.model.dims()  # checks the size name
     loggers = logger_backends(cfg.run.logger)
     t = cfg.train
+    nonfinite = _nonfinite(cfg)
     checks = [
+        # first: NaN fails every comparison below, inf passes some
+        (not nonfinite, f"{' and '.join(nonfinite)} must be "
+         f"{'a finite number' if len(nonfinite) == 1 else 'finite numbers'}"),
         (cfg.env.num_envs >= 1, "env.num_envs must be >= 1"),
         (t.batch_size >= 1 and t.batch_length >= 2, "train.batch_size >= 1 and train.batch_length >= 2"),
         (t.horizon >= 1, "train.horizon must be >= 1"),
@@ -380,6 +401,26 @@ def validate(cfg: Config) -> None:
          "run.device must be auto, cpu or cuda[:N]"),
         (cfg.run.steps >= 0, "run.steps must be >= 0"),
         (min(t.model_lr, t.actor_lr, t.critic_lr) >= 0, "learning rates must be >= 0"),
+        (min(t.model_clip, t.actor_clip, t.critic_clip) > 0,  # a clip <= 0 scales by <= 0
+         "train.model_clip, train.actor_clip and train.critic_clip must be > 0 (inf: no "
+         "clipping)"),
+        (min(t.model_eps, t.actor_eps, t.critic_eps) >= 0,
+         "train.model_eps, train.actor_eps and train.critic_eps must be >= 0"),
+        (0 <= t.return_norm_low < t.return_norm_high <= 100,
+         "train.return_norm_low and train.return_norm_high are percentiles: 0 <= low < high "
+         "<= 100 (the paper: 5 and 95)"),
+        (0 <= t.return_norm_decay <= 1 and 0 <= t.slow_critic_fraction <= 1,
+         "train.return_norm_decay and train.slow_critic_fraction must be in [0, 1]"),
+        (t.return_norm_min_scale > 0,
+         "train.return_norm_min_scale must be > 0 (the paper: 1, RLlib: 1e-8); at 0 returns "
+         "that do not vary divide by 0"),
+        (min(t.decoder_scale, t.reward_scale, t.cont_scale, t.dyn_scale, t.rep_scale,
+             t.entropy, t.slow_critic_reg) >= 0,
+         "loss weights must be >= 0: train.decoder_scale, train.reward_scale, "
+         "train.cont_scale, train.dyn_scale, train.rep_scale, train.entropy, "
+         "train.slow_critic_reg"),
+        # numpy's seeds are < 2**32; data-parallel ranks add 7919 each
+        (0 <= cfg.run.seed < 2**31, "run.seed must be in [0, 2**31)"),
         (0 <= cfg.model.unimix < 1 and 0 <= (cfg.model.actor_unimix or 0) < 1,
          "model.unimix and model.actor_unimix must be in [0, 1)"),
         (min(t.free_nats, t.dyn_free_nats or 0, t.rep_free_nats or 0) >= 0,
@@ -397,6 +438,8 @@ def validate(cfg: Config) -> None:
         (cfg.run.runners == "local" or t.replay_capacity >= t.batch_length * cfg.run.num_runners
          * cfg.run.envs_per_runner, "train.replay_capacity must hold at least one batch_length "
          "window per runner env"),
+        (0 <= cfg.run.runner_cpus < math.inf and cfg.run.ray_num_cpus >= 0,  # Ray's, at the
+         "run.runner_cpus and run.ray_num_cpus must be >= 0"),  # first step otherwise
         (cfg.run.dist_check_every >= 0 and cfg.run.max_runner_restarts >= 0,
          "run.dist_check_every and run.max_runner_restarts must be >= 0"),
         ("wandb" not in loggers or _installed("wandb"),
@@ -436,6 +479,20 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"invalid config: {msg}" + (f" (got {got})" if got else ""))
 
 
+def _nonfinite(cfg: Config) -> list[str]:
+    """The train.* and model.* keys whose values are NaN or infinite (a weight, a rate, a
+    bin: every update would be non-finite), but for a gradient clip of inf (no clipping)."""
+    out = []
+    for section in ("train", "model"):
+        values = getattr(cfg, section)
+        for f in dataclasses.fields(values):
+            v = getattr(values, f.name)
+            if isinstance(v, float) and not math.isfinite(v) \
+                    and not (f.name.endswith("_clip") and v == math.inf):
+                out.append(f"{section}.{f.name}")
+    return out
+
+
 def as_dict(cfg: Config) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg))
 
@@ -467,10 +524,20 @@ def from_yaml(text: str, where: str = "config file") -> Config:
     if not isinstance(loaded, DictConfig) or not loaded:
         raise ConfigError(f"{where} is empty or not a mapping of config sections; restore it "
                           f"from the run's checkpoint (its 'config' entry)")
+    base = OmegaConf.structured(Config)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(Config), loaded)
-    except (ConfigKeyError, ConfigAttributeError, ValidationError) as exc:
-        raise ConfigError(f"config file does not match this version of lucid: {exc}") from None
+        merged = OmegaConf.merge(base, loaded)
+    except (ConfigKeyError, ConfigAttributeError) as exc:
+        key = getattr(exc, "full_key", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"config file does not match this version of lucid: {where} has the "
+                          f"key {key!r}, which this version does not know"
+                          + _suggest(key, _all_keys(base)) + "; remove it there, or use the "
+                          "version that wrote it") from None
+    except ValidationError as exc:  # a hand edit: train.batch_size: abc, or train: 5
+        what = f"config key {exc.full_key!r}" if exc.full_key else "a config section"
+        why = (exc.msg or str(exc)).splitlines()[0]
+        raise ConfigError(f"bad value for {what} in {where}: {why}; fix that value "
+                          f"there") from None
     obj: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     try:
         validate(obj)

@@ -102,6 +102,10 @@ def summary(run_dir: str | Path) -> dict:
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write the run's report (default RUN_DIR/report.html) and return its path."""
     run_dir = Path(run_dir)
+    if out is not None and Path(out).suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"the report's file must end in .html, got {str(out)!r} (a page "
+                         f"written there would replace that file: a run's episodes.jsonl, "
+                         f"say)")
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a directory")
     if not any((run_dir / n).exists() for n in ("config.yaml", "metrics.jsonl", "episodes.jsonl")):

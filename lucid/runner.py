@@ -84,6 +84,17 @@ class Restarting(gym.Wrapper):
         return out
 
 
+def close_env(env, label: str = "the environment") -> None:
+    """`env.close()` (an env, or a Collector's envs); an env whose close() raises is told
+    in a warning, not an error that would stop a start, lose an evaluation's returns or hide
+    the error in flight (everything the env gave is used already)."""
+    try:
+        env.close()
+    except Exception as exc:  # noqa: BLE001 - the env's own close()
+        warn(f"{label}'s close() raised {type(exc).__name__}: {exc}; lucid goes on without "
+             f"it (fix close(), or leave it out: gymnasium's Env.close does nothing)")
+
+
 def restarting(make: Callable[[], gym.Env], max_restarts: int) -> Callable[[], gym.Env]:
     return lambda: Restarting(make, max_restarts)
 
@@ -206,5 +217,5 @@ def evaluate(agent, env_fn: Callable[[], gym.Env], obs_spec: ObsSpec, act_spec: 
                 done += [Episode(float(r), int(n)) for r, n in zip(col.ep_return, col.ep_length)]
                 break
     finally:
-        col.close()
+        close_env(col)
     return done[:episodes]

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -34,7 +35,7 @@ from .envs import (INSTANCE_PREFIX, ActionSpec, ObsSpec, env_fn, env_label, is_f
 from .envs.crafter import AchievementTracker
 from .logger import Logger
 from .replay import Prefetcher, Replay
-from .runner import Collector, EnvError, evaluate, restarting
+from .runner import Collector, EnvError, close_env, evaluate, restarting
 from .system import tune_malloc
 from . import distributed
 from .warn import warn
@@ -193,6 +194,17 @@ def _has_data(path: Path) -> bool:
     return path.stat().st_size > 0 if path.is_file() else path.is_dir() and any(path.iterdir())
 
 
+def _lucid_config(path: Path) -> bool:
+    """Whether `path` may be a lucid run's config.yaml (empty, or a mapping of its sections,
+    e.g. one that a failed start left), not some other program's file of that name."""
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    sections = {f.name for f in dataclasses.fields(Config)}
+    return tree is None or isinstance(tree, dict) and set(map(str, tree)) <= sections
+
+
 def claim_run_dir(given: Path | None, cfg: Config) -> Path:
     """The directory of a new run: `given` if it holds no run's data yet (never another run's
     files overwritten; a config.yaml alone, left by a start that failed, is replaced), else a
@@ -217,6 +229,11 @@ def claim_run_dir(given: Path | None, cfg: Config) -> Path:
             raise ConfigError(
                 f"{given} already holds a run ({', '.join(held)}); continue it with {how}, or "
                 f"give another run directory. Nothing was written")
+        if (given / "config.yaml").is_file() and not _lucid_config(given / "config.yaml"):
+            raise ConfigError(
+                f"{given} has a config.yaml that is not a lucid run's, which a new run there "
+                f"would overwrite; give another run directory (e.g. {given / 'run'}). Nothing "
+                f"was written")
         try:
             given.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError, PermissionError) as exc:
@@ -247,11 +264,21 @@ def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
         obs_spec, act_spec = ObsSpec.from_space(spaces[0]), ActionSpec.from_space(spaces[1])
         try:
             out = env.reset(seed=cfg.run.seed)
+        except TypeError as exc:  # reset(self) of gym < 0.26: no restart would help
+            if "unexpected keyword argument 'seed'" in str(exc):
+                raise TypeError(f"{label}'s reset() takes no seed: gymnasium envs define "
+                                f"`def reset(self, *, seed=None, options=None)` and call "
+                                f"super().reset(seed=seed) first") from None
+            return obs_spec, act_spec  # a crashing env, as below
         except Exception:  # noqa: BLE001 - a crashing env: the run restarts it (env.max_restarts)
             return obs_spec, act_spec
-        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+        if not (isinstance(out, tuple) and len(out) == 2):
             raise TypeError(f"{label}'s reset() returned {type(out).__name__}, not "
                             f"(observation, info): gymnasium envs return both")
+        if not isinstance(out[1], dict):
+            raise TypeError(f"{label}'s reset() returned (observation, "
+                            f"{type(out[1]).__name__}); its info must be a dict ({{}} when "
+                            f"there is nothing to say)")
         _fits(label, obs_spec, spaces[0], out[0], "first observation")
         try:
             out = env.step(spaces[1].sample())
@@ -263,16 +290,20 @@ def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
                             f"reward, terminated, truncated, info): gymnasium envs return five")
         _fits(label, obs_spec, spaces[0], out[0], "observation after step()")
         reward, flags = np.asarray(out[1]), [np.asarray(f) for f in out[2:4]]
-        if reward.ndim != 0 or not np.issubdtype(reward.dtype, np.number):
+        if reward.ndim != 0 or not (np.issubdtype(reward.dtype, np.integer)
+                                    or np.issubdtype(reward.dtype, np.floating)):
             raise TypeError(f"{label}'s step() returned the reward {out[1]!r}; it must be "
-                            f"one number")
+                            f"one real number")
         if any(f.ndim != 0 or not (f.dtype == bool or np.issubdtype(f.dtype, np.integer)
                                    and int(f) in (0, 1)) for f in flags):
             raise TypeError(f"{label}'s step() returned terminated={out[2]!r}, "
                             f"truncated={out[3]!r}; both must be bools")
+        if not isinstance(out[4], dict):  # gymnasium's vector envs merge it as one
+            raise TypeError(f"{label}'s step() returned the info {out[4]!r}; it must be a "
+                            f"dict ({{}} when there is nothing to say)")
         return obs_spec, act_spec
     finally:
-        env.close()
+        close_env(env, label)
 
 
 def _fits(env_id: str, spec: ObsSpec, space, obs, what: str) -> None:
@@ -326,8 +357,11 @@ class Trainer:
         self._purge_logs_after: int | None = None  # a resumed run's logs past its checkpoint
         self._lock: ckpt.RunLock | None = None  # a learning rank 0's, from _hold() to close()
         self._made_dir: Path | None = None  # the new run's directory, where this start made it
+        given = run_dir or cfg.run.run_dir
+        if given:  # run.run_dir=~/runs/x, --run-dir=~/x: no shell expanded the ~ (else a
+            given = Path(given).expanduser()  # directory named ~ in the working directory)
         try:
-            self._build(cfg, run_dir or cfg.run.run_dir, resume, learn, env, settings, agent)
+            self._build(cfg, given, resume, learn, env, settings, agent)
         except BaseException:
             self._discard_failed_start()  # while the lock still keeps other processes out
             self._release()
@@ -339,7 +373,10 @@ class Trainer:
             self.run_dir = Path(given)
             if self.dist is not None:
                 self.run_dir = Path(self.dist.broadcast_object(str(self.run_dir)))
-            self._hold()  # before anything in the directory is read, renamed or written
+            # Held before anything there is read, renamed or written; a directory that is no
+            # run is refused just below, without a lock file left in it.
+            if any((self.run_dir / n).exists() for n in ("config.yaml", "checkpoints")):
+                self._hold()
             saved, loaded = self._saved_config()
             # The checkpoint is read now, so that a config.yaml it does not fit is refused
             # before anything is written (it is the config-recovery path's, when that ran).
@@ -644,10 +681,17 @@ class Trainer:
         cfg, t, c, a = self.cfg, self.cfg.train, self.counters, self.act_spec
         if self.rank != 0:
             return
+        envs = cfg.env.num_envs * (self.dist.world if self.dist else 1)  # env_steps' streams
         if c["env_steps"] < cfg.run.steps <= t.prefill:
             print(f"note: run.steps={cfg.run.steps} ends within the {t.prefill} random-action "
                   f"steps of train.prefill, so no update will be made; raise --steps or lower "
                   f"train.prefill")
+        elif c["env_steps"] < cfg.run.steps < envs * t.batch_length \
+                and cfg.run.runners == "local":  # (a window lies within one env's steps)
+            print(f"note: run.steps={cfg.run.steps} gives each of the {envs} env(s) "
+                  f"{cfg.run.steps // envs} steps, fewer than one train.batch_length="
+                  f"{t.batch_length} window, so no update will be made; raise --steps or "
+                  f"lower train.batch_length")
         if (c["env_steps"] == 0 and not a.is_discrete and not a.is_continuous
                 and t.continuous_grad == "dynamics"):
             print("note: the action space has discrete and Box actions, so the actor learns "
@@ -832,13 +876,15 @@ class Trainer:
 
     def close(self) -> None:
         """Close the env runners, leave the process group, release the directory's lock."""
-        if self.collector is not None:
-            self.collector.close()
-            self.collector = None
-        if self.dist is not None:
-            self.dist.close()
-        self._release()
-        self.closed = True
+        collector, self.collector = self.collector, None
+        try:
+            if collector is not None:
+                close_env(collector, env_label(self.cfg.env.id))
+            if self.dist is not None:
+                self.dist.close()
+        finally:  # the directory is released whatever else failed
+            self._release()
+            self.closed = True
 
     def __enter__(self) -> "Trainer":  # `with Trainer(cfg) as tr: tr.run()` closes it after
         return self

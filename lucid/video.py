@@ -291,7 +291,11 @@ def record_episodes(agent, env_id: str, episodes: int = 1, max_episode_steps: in
     def frame() -> np.ndarray:
         if use_images:
             return _obs_frame(col.obs, spec)
-        return to_rgb(col.envs.envs[0].render()[::k, ::k])
+        drawn = col.envs.envs[0].render()
+        if np.ndim(drawn) not in (2, 3):  # None: numpy's "not subscriptable" otherwise
+            raise TypeError(f"render() returned {None if drawn is None else np.shape(drawn)}, "
+                            f"not an H x W (x C) frame")
+        return to_rgb(drawn[::k, ::k])
 
     out, col = [], collector(seed)
     try:

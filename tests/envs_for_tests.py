@@ -64,6 +64,8 @@ class BrokenEnv(CountEnv):
         obs, info = super().reset(seed=seed)
         if self.mistake == "reset_without_info":
             return obs
+        if self.mistake == "reset_info_none":
+            return obs, None
         return (np.zeros(3, np.float32) if self.mistake == "reset_shape" else obs), info
 
     def step(self, action):
@@ -78,7 +80,37 @@ class BrokenEnv(CountEnv):
             term = 2  # an int flag other than 0 or 1
         if self.mistake == "step_shape":
             obs = np.zeros(3, np.float32)
+        if self.mistake == "complex_reward":
+            reward = complex(reward, 1.0)
+        if self.mistake == "info_none":
+            info = None
         return obs, reward, term, trunc, info
+
+
+class CloseRaisesEnv(CountEnv):
+    """CountEnv whose close() raises (a simulator that fails to shut down)."""
+
+    def close(self):
+        raise RuntimeError("no close")
+
+
+class OldResetEnv(CountEnv):
+    """CountEnv with the reset(self) of gym < 0.26, which takes no seed."""
+
+    def reset(self):
+        return super().reset()
+
+
+class RenderNoneEnv(CountEnv):
+    """CountEnv that takes render_mode="rgb_array" but whose render() draws nothing."""
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, render_mode=None):
+        super().__init__(length=5)
+        self.render_mode = render_mode
+
+    def render(self):
+        return None
 
 
 class NestedEnv(gym.Env):

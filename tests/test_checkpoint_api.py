@@ -398,6 +398,42 @@ def _nano(env, **kw):
     return Dreamer(env, size="nano", preset="cpu-control", run__device="cpu", **kw)
 
 
+def test_saving_over_a_path_that_is_not_a_regular_file_is_refused(tmp_path):
+    """Files are written to a temporary file renamed over the path: over a pipe, a device or
+    a socket, that replaced the special file itself (as root, save('/dev/null') or `lucid
+    report --out /dev/stdout` replaced the device node with a regular file)."""
+    import stat
+    from typer.testing import CliRunner
+    from lucid.cli import app
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    agent = _nano(CountEnv(2))
+    with pytest.raises(ValueError, match="is not a regular file"):
+        agent.save(pipe)
+    link = tmp_path / "link.pt"
+    link.symlink_to(pipe)  # a link to one too
+    with pytest.raises(ValueError, match="is not a regular file"):
+        agent.save(link)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "episodes.jsonl").write_text("")
+    page = tmp_path / "page.html"
+    os.mkfifo(page)
+    r = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--out", str(page)])
+    assert r.exit_code == 2 and "is not a regular file" in r.output, r.output
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode) and stat.S_ISFIFO(os.stat(page).st_mode)
+    assert link.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.pt", "page.html", "pipe", "run"]
+
+
+def test_save_and_load_take_a_path_that_starts_with_a_tilde(tmp_path, monkeypatch):
+    """save("~/agent.pt") wrote ./~/agent.pt: Python expands no ~ by itself."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    _nano(CountEnv(2)).save("~/agent.pt")
+    assert (tmp_path / "home" / "agent.pt").is_file() and not (tmp_path / "~").exists()
+    assert Dreamer.load("~/agent.pt", env=CountEnv(2)).cfg.model.size == "nano"
+
+
 def test_each_env_instance_stays_as_it_was_given():
     """Every env made for an agent is a copy of its instance as it was when given: a later
     change to the caller's object does not reach it, and two instances of one class are two
@@ -427,12 +463,20 @@ def test_dreamer_refuses_envs_and_arguments_it_cannot_use_before_anything_runs(t
     for bad in (-1, True, 1.5, "10"):
         with pytest.raises(ValueError, match="whole number of env steps >= 0"):
             agent.learn(bad)
+    with pytest.raises(TypeError, match=r"learn\(callback=...\) takes a function"):
+        agent.learn(10, callback=5)  # was a TypeError at the first episode's end, mid-run
     assert agent.run_dir is None and not (tmp_path / "run").exists()
     obs = np.zeros(2, np.float32)
     with pytest.raises(TypeError, match=r"pair \(observation, info\).*obs, info = env.reset"):
         agent.predict((obs, {}))
     with pytest.raises(ValueError, match="a bool or 1 bools, got 1"):
         agent.predict(obs, episode_start=1)  # an int, not a bool
+    with pytest.raises(ValueError, match="a batch of 0 observations"):  # numpy's words once
+        agent.predict(np.zeros((0, 2), np.float32))
+    other = Dreamer(CountEnv(2), size="micro", preset="cpu-control", run__device="cpu")
+    with pytest.raises(ValueError, match=r"a state of another model .*\(16,\), \(4, 4\), "
+                                         r"\(2,\); this agent's are \(32,\), \(8, 8\)"):
+        other.predict(obs, agent.predict(obs)[1])  # was torch's "size of tensor a (16) must ..."
     with pytest.raises(FileNotFoundError, match="resume=True\\) continues a run directory"):
         Dreamer.load(tmp_path / "agent.pt", resume=True)
     (tmp_path / "elsewhere").mkdir()

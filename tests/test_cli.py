@@ -222,9 +222,17 @@ def test_bad_command_line_values_are_one_line_errors(tmp_path):
         (["eval", str(tmp_path), "--episodes", "0"], "--episodes must be >= 1"),
         (["dream", str(tmp_path), "--out", "d.avi"], "--out must end in .mp4 or .gif"),
         (["dream", str(tmp_path), "--rows", "0"], "--horizon, --rows and --context must be >= 1"),
+        (["eval", str(tmp_path), "--seed", "-1"], "--seed must be >= 0"),  # was a traceback
+        (["dream", str(tmp_path), "--seed", "-1"], "--seed must be >= 0"),
+        (["config", "train=5"], "sets the whole train section"),  # was an AttributeError
+        # it overwrote any file: a run's own logs (report RUN --out RUN/episodes.jsonl)
+        (["report", str(tmp_path), "--out", str(tmp_path / "episodes.jsonl")],
+         "the report's file must end in .html"),
         (["plot", str(tmp_path), "--out", str(tmp_path)], "is a directory"),
         (["train", "model.size"], "write model.size=VALUE"),
+        (["config", "train.batch_size"], "write train.batch_size=VALUE"),  # not an env's name
         (["eval", str(tmp_path / "nothing")], "not a lucid run"),
+        (["train", "--resume", str(tmp_path)], "not a lucid run"),  # and no .lock left there
         (["report", str(tmp_path)], "not a lucid run directory"),
     ]
     for args, message in cases:
@@ -233,6 +241,77 @@ def test_bad_command_line_values_are_one_line_errors(tmp_path):
         assert message in r.output, (args, r.output)
         assert r.exception is None or isinstance(r.exception, SystemExit), args
     assert not any(tmp_path.iterdir())
+
+
+EVAL_FAILS_ENV = '''
+import gymnasium as gym
+import numpy as np
+
+
+class EvalFails(gym.Env):
+    """Fine in training; in envs seeded >= 10000 (evaluation's) a NaN observation or an
+    exception at the third step."""
+    observation_space = gym.spaces.Box(-10, 10, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, crash=False):
+        self.crash, self.bad, self.t = crash, False, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.bad = self.bad if seed is None else seed >= 10000
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.bad and self.t == 3:
+            if self.crash:
+                raise RuntimeError("crashed")
+            return np.full(2, np.nan, np.float32), 0.0, False, False, {}
+        return np.zeros(2, np.float32), 1.0, self.t >= 10, False, {}
+'''
+
+
+def test_an_env_that_keeps_raising_at_the_start_is_a_one_line_error(tmp_path, monkeypatch):
+    """An env whose every reset raises stops the start after env.max_restarts rebuilds:
+    that EnvError was a traceback; nothing is written either way."""
+    (tmp_path / "eval_fails.py").write_text(EVAL_FAILS_ENV + '''
+
+class ResetFails(EvalFails):
+    def reset(self, *, seed=None, options=None):
+        raise RuntimeError("no reset")
+''')
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    r = runner.invoke(app, ["train", f"{tmp_path}/eval_fails.py:ResetFails", "--size", "nano",
+                            "--run-dir", str(tmp_path / "run"), "env.max_restarts=0"])
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
+    assert "error: the environment raised in reset more than env.max_restarts=0 times; last " \
+           "error: RuntimeError: no reset" in r.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_env_that_fails_in_lucid_eval_is_a_one_line_error(tmp_path, monkeypatch):
+    """lucid eval printed the traceback of the env's NaN (which training names in one
+    line) or of its exception."""
+    (tmp_path / "eval_fails.py").write_text(EVAL_FAILS_ENV)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the file's directory joins it
+    run = tmp_path / "run"
+    r = runner.invoke(app, ["train", f"{tmp_path}/eval_fails.py:EvalFails", "--preset",
+                            "default", "--size", "nano", "--steps", "60", "--run-dir", str(run),
+                            "train.batch_size=2", "train.batch_length=8", "train.horizon=3",
+                            "train.prefill=50", "train.train_ratio=8", "run.logger=none",
+                            "run.videos=false", "run.progress=false"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["eval", str(run), "--episodes", "1"])
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
+    assert "error: the evaluation failed: ValueError: the observation contains NaN" in r.output
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("kwargs: {}", "kwargs: {crash: true}"))
+    r = runner.invoke(app, ["eval", str(run), "--episodes", "1"])
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
+    assert "the evaluation failed: RuntimeError: crashed (raised at " in r.output
+    assert "eval_fails.py:" in r.output
 
 
 def test_lucids_warnings_are_once_per_message_at_the_users_line_and_plain_in_the_cli():

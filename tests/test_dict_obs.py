@@ -68,6 +68,20 @@ def test_unsupported_space_is_named():
         raise AssertionError("Text space was accepted")
 
 
+@pytest.mark.parametrize("space", [
+    gym.spaces.Box(-1, 1, (0,), np.float32), gym.spaces.Box(-1, 1, (2, 0), np.float32),
+    gym.spaces.MultiDiscrete(np.zeros(0, np.int64)),
+])
+def test_an_action_space_without_actions_is_refused(space):
+    """Such a space used to be taken: the run went through its prefill, then failed at the
+    actor's first action (IndexError, or a TypeError in numpy's words); as a leaf of a
+    Dict beside other actions, the MultiDiscrete did so too."""
+    with pytest.raises(TypeError, match="has no actions in it.*give the env at least one"):
+        ActionSpec.from_space(space)
+    with pytest.raises(TypeError, match=r"\(action 'a'\) has no actions in it.*drop it"):
+        ActionSpec.from_space(gym.spaces.Dict({"a": space, "b": gym.spaces.Discrete(3)}))
+
+
 def test_float_images_in_0_1_become_pixels_and_other_float_images_are_refused():
     spec = ObsSpec.from_space(gym.spaces.Box(0.0, 1.0, (16, 16, 3), np.float32))
     x = np.random.default_rng(0).random((2, 16, 16, 3), dtype=np.float32)

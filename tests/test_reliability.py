@@ -4,10 +4,12 @@ crashing environments, bounded memory."""
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -18,7 +20,7 @@ import torch
 from procs import kill_group, popen_grouped, run_grouped
 
 from lucid.checkpoint import list_checkpoints, load_latest
-from lucid.config import ConfigError, make_config
+from lucid.config import PRESETS, ConfigError, make_config
 from lucid.replay import Replay, to_batch
 from lucid.train import DiskFullError, EnvError, NonFiniteError, Trainer
 
@@ -495,12 +497,59 @@ def test_an_env_without_render_mode_names_what_videos_need():
         make_env("test_reliability:FlakyEnv", render_mode="rgb_array")
 
 
+def test_an_env_whose_close_raises_costs_a_warning_not_the_run(tmp_path):
+    """Its close() stopped the start (the start-up check closes the env it stepped), cost
+    every evaluation its returns, and left the run directory locked in this process
+    (Trainer.close raised before releasing it)."""
+    from lucid import LucidWarning
+    cfg = _cfg(tmp_path, env={"id": "envs_for_tests:CloseRaisesEnv"},
+               run={"steps": 40, "eval_every": 30, "eval_episodes": 1})
+    with pytest.warns(LucidWarning, match=r"CloseRaisesEnv's close\(\) raised RuntimeError: "
+                                          r"no close; lucid goes on"):
+        tr = Trainer(cfg)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        tr.run()
+        tr.close()
+        assert tr.closed
+        Trainer(make_config("default", run={"steps": 50}), tmp_path, resume=True).close()
+    evals = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert any(e["eval"] for e in evals)
+
+
+def test_an_env_whose_reset_takes_no_seed_is_named_at_once(tmp_path):
+    """It was rebuilt env.max_restarts times, each reset failing on the seed, before the
+    run stopped (a traceback from `lucid train`)."""
+    cfg = _cfg(tmp_path / "run", env={"id": "envs_for_tests:OldResetEnv"})
+    with pytest.raises(TypeError, match=r"reset\(\) takes no seed: gymnasium envs define "
+                                        r"`def reset\(self, \*, seed=None, options=None\)`"):
+        Trainer(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_env_whose_render_returns_nothing_is_named_where_videos_fail():
+    """Was "'NoneType' object is not subscriptable" (lucid eval --video, the run's videos)."""
+    from lucid import Dreamer
+    from lucid.video import record_episodes
+    agent = Dreamer("envs_for_tests:RenderNoneEnv", preset="cpu-control", size="nano",
+                    run__device="cpu")
+    with pytest.raises(TypeError, match=r"render\(\) returned None, not an H x W \(x C\) "
+                                        r"frame"):
+        record_episodes(agent.agent, "envs_for_tests:RenderNoneEnv", 1, max_steps=10)
+
+
 @pytest.mark.parametrize("mistake,message", [
     ("reset_shape", r"first observation does not fit its observation_space.*the observation "
                     r"has shape \(3,\), expected \(2,\)"),
     ("reset_without_info", r"reset\(\) returned ndarray, not \(observation, info\)"),
+    ("reset_info_none", r"reset\(\) returned \(observation, NoneType\); its info must be a "
+                        r"dict"),
     ("four_tuple", r"step\(\) returned tuple of 4"),
-    ("vector_reward", "returned the reward array.*it must be one number"),
+    ("vector_reward", "returned the reward array.*it must be one real number"),
+    # gymnasium's vector env fails on these only once the run has started: float() of a
+    # complex, and None.items()
+    ("complex_reward", r"returned the reward \(1\+1j\); it must be one real number"),
+    ("info_none", r"step\(\) returned the info None; it must be a dict"),
     ("terminated_none", "terminated=None.*must be bools"),
     ("terminated_two", "terminated=2, truncated=False; both must be bools"),
     ("step_shape", r"observation after step\(\) does not fit its observation_space.*shape "
@@ -866,6 +915,16 @@ def test_a_new_run_never_writes_into_another_runs_directory(tmp_path, monkeypatc
     (failed / "config.yaml").write_text("run: {}\n")
     Trainer(_cfg(failed, run={"steps": 30})).close()
     assert "steps: 30" in (failed / "config.yaml").read_text()
+    # another program's config.yaml (`--run-dir .` in a project that has one) is not
+    # overwritten: it used to be, at once
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "config.yaml").write_text("database:\n  password: hunter2\n")
+    with pytest.raises(ConfigError, match=r"project has a config.yaml that is not a lucid "
+                                          r"run's.*give another run directory"):
+        Trainer(_cfg(project, run={"steps": 30}))
+    assert [p.name for p in project.iterdir()] == ["config.yaml"]
+    assert "hunter2" in (project / "config.yaml").read_text()
     # default directories: two runs started in the same second get two directories
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("time.strftime", lambda fmt: "20261201-000000")
@@ -874,6 +933,19 @@ def test_a_new_run_never_writes_into_another_runs_directory(tmp_path, monkeypatc
     first.close(), second.close()
     assert first.run_dir == Path("runs/CartPole-v1-20261201-000000-s0")
     assert second.run_dir == Path("runs/CartPole-v1-20261201-000000-s0-2")
+
+
+def test_a_run_directory_given_with_a_tilde_is_in_the_home_directory(tmp_path, monkeypatch):
+    """run.run_dir=~/runs/x (or --run-dir=~/x) reaches lucid with its ~, which no shell
+    expanded: the run went to a directory named ~ in the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    with Trainer(_cfg(tmp_path, run={"run_dir": "~/runs/x", "steps": 30})) as tr:
+        tr.run()
+    assert tr.run_dir == tmp_path / "home" / "runs" / "x" and not (tmp_path / "~").exists()
+    again = Trainer(make_config("default", run={"steps": 0}), "~/runs/x", resume=True,
+                    learn=False)
+    assert again.counters["env_steps"] == 30
 
 
 def test_a_damaged_config_yaml_is_named_or_recovered_from_the_checkpoint(tmp_path, capsys):
@@ -973,10 +1045,51 @@ def test_a_full_disk_stops_the_run_at_its_last_checkpoint_with_the_fix_named(tmp
     ("run.eval_episodes=0", "run.eval_episodes"), ("run.steps=-1", "run.steps"),
     ("model.num_bins=1", "model.num_bins"), ("model.actor_min_std=2", "model.actor_min_std"),
     ("model.action_clip=-1", "model.action_clip"),
+    # values that trained on silently wrong (a clip < 0 flips the gradients, = 0 zeroes
+    # them), or failed only once the run had started (a percentile past 100, an infinite
+    # train ratio), or made every update non-finite (inf weights, rates or bins)
+    ("train.model_clip=-1", "train.model_clip"), ("train.critic_clip=0", "train.critic_clip"),
+    ("train.actor_eps=-1e-5", "train.actor_eps"),
+    ("train.return_norm_high=150", "return_norm_high are percentiles"),
+    ("train.return_norm_low=95", "0 <= low < high"), ("train.return_norm_low=-1", "percentiles"),
+    ("train.return_norm_decay=1.01", "train.return_norm_decay"),
+    ("train.slow_critic_fraction=-0.1", "train.slow_critic_fraction"),
+    ("train.return_norm_min_scale=0", "train.return_norm_min_scale must be > 0"),
+    ("train.entropy=-3e-4", "loss weights must be >= 0"), ("train.dyn_scale=-0.5", "dyn_scale"),
+    ("train.train_ratio=inf", "train.train_ratio must be a finite number"),
+    ("train.model_lr=inf", "train.model_lr must be a finite number"),
+    ("train.reward_scale=nan", "train.reward_scale must be a finite number"),
+    ("model.bins_high=inf", "model.bins_high must be a finite number"),
+    ("train.actor_clip=nan", "train.actor_clip must be a finite number"),
+    ("run.seed=-1", r"run.seed must be in \[0, 2\*\*31\)"), ("run.seed=2147483648", "run.seed"),
+    # Ray's error at the first step, after the run had started, as if the env's fault
+    ("run.runner_cpus=-1", "run.runner_cpus"), ("run.ray_num_cpus=-2", "run.ray_num_cpus"),
 ])
 def test_impossible_values_are_refused_before_anything_runs(override, key):
     with pytest.raises(ConfigError, match=key):
         make_config("default", [override])
+
+
+def test_a_clip_of_inf_is_no_clipping_and_every_preset_is_valid():
+    assert make_config("default", ["train.model_clip=inf"]).train.model_clip == float("inf")
+    for preset in PRESETS:
+        make_config(preset)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("=5", "override '=5' names no key"), ("train=5", "sets the whole train section"),
+    ("env=[1]", "sets the whole env section; set one of its keys, env.KEY=value"),
+    # was taken, and only relabelled the config: preset: dmc-vision over none of its values
+    ("preset=dmc-vision", "would rename the preset, not apply it; choose it with --preset "
+                          "dmc-vision"),
+])
+def test_an_override_without_a_key_or_of_a_whole_section_is_named(override, message):
+    """Both were OmegaConf's words (Key '' not in 'Config' ... full_key:), or an
+    AttributeError from lucid itself."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make_config("default", [override])
+    with pytest.raises(ConfigError, match="give each section a mapping of its keys"):
+        make_config("default", train=5)  # what Python callers pass as a section
 
 
 def test_a_config_yaml_with_an_impossible_value_is_refused_where_it_is_read():
@@ -986,6 +1099,25 @@ def test_a_config_yaml_with_an_impossible_value_is_refused_where_it_is_read():
     data["train"]["gamma"] = 1.5  # a hand edit of a run's config.yaml
     with pytest.raises(ConfigError, match=r"train.gamma=1.5.*, in runs/x/config.yaml: fix"):
         from_yaml(yaml.safe_dump(data), where="runs/x/config.yaml")
+
+
+def test_a_config_yaml_with_a_value_of_another_type_or_an_unknown_key_names_it_and_the_file():
+    """A hand edit that OmegaConf refuses: once called a version mismatch, in OmegaConf's
+    multi-line words (full_key: ..., reference_type=...), without the file."""
+    import yaml
+    from lucid.config import from_yaml, to_yaml
+    data = yaml.safe_load(to_yaml(make_config("default")))
+    data["train"]["batch_size"] = "abc"
+    with pytest.raises(ConfigError, match=r"^bad value for config key 'train.batch_size' in "
+                                          r"runs/x/config.yaml: .*fix that value there$") as err:
+        from_yaml(yaml.safe_dump(data), where="runs/x/config.yaml")
+    assert "\n" not in str(err.value) and "version" not in str(err.value)
+    data["train"]["batch_size"], data["train"]["train_ration"] = 16, 64
+    with pytest.raises(ConfigError, match=r"runs/x/config.yaml has the key 'train.train_ration', "
+                                          r"which this version does not know \(did you mean "
+                                          r"'train.train_ratio'\?\); remove it") as err:
+        from_yaml(yaml.safe_dump(data), where="runs/x/config.yaml")
+    assert "\n" not in str(err.value)
 
 
 # --------------------------------------------------------------------------- SIGKILL

@@ -234,6 +234,22 @@ def test_a_run_within_the_prefill_says_it_makes_no_update(tmp_path, capsys):
     assert "random-action steps" not in capsys.readouterr().out and tr.counters["updates"] == 2
 
 
+def test_a_run_too_short_for_one_window_says_it_makes_no_update(tmp_path, capsys):
+    """run.steps past the prefill but below one train.batch_length window per env: no update
+    could be made, which the run used to end with silently; a window's worth is enough."""
+    over = {"batch_size": 2, "batch_length": 16, "prefill": 4, "train_ratio": 16}
+    with Trainer(_cfg(tmp_path / "a", env={"num_envs": 2}, train=over,
+                      run={"steps": 30})) as tr:
+        tr.run()
+    assert "note: run.steps=30 gives each of the 2 env(s) 15 steps, fewer than one " \
+           "train.batch_length=16 window, so no update will be made" in capsys.readouterr().out
+    assert tr.counters["updates"] == 0
+    with Trainer(_cfg(tmp_path / "b", env={"num_envs": 2}, train=over,
+                      run={"steps": 34})) as tr:
+        tr.run()
+    assert "window" not in capsys.readouterr().out and tr.counters["updates"] > 0
+
+
 def _saving(tr) -> list:
     """The env steps at which `tr` saves a checkpoint, as it saves them."""
     real, at = tr.save, []

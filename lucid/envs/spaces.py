@@ -287,6 +287,11 @@ class ActionSpec:
         if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
             return cls._structured(space)
         name = f"action space {space}" + (f" (action {where!r})" if where else "")
+        if isinstance(space, (gym.spaces.Box, gym.spaces.MultiDiscrete)) \
+                and int(np.prod(space.shape)) == 0:  # nothing for the actor to output
+            raise TypeError(f"the {name} has no actions in it (shape {space.shape}); "
+                            + ("drop it from the action space" if where else
+                               "give the env at least one action"))
         if isinstance(space, gym.spaces.Discrete):
             return cls(discrete=[int(space.n)], shape=(), start=np.array([int(space.start)]))
         if isinstance(space, gym.spaces.MultiDiscrete):
