@@ -10,6 +10,7 @@ import importlib.util
 import io
 import json
 import re
+import time
 import sys
 from pathlib import Path
 
@@ -144,6 +145,7 @@ def test_wandb_offline_run_writes_its_files(run):
     for r in runs:
         # offline-run-<time>-<id>; W&B adds "-1" when both sessions start in the same second
         assert re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", r.name), r.name
+        _finished_wandb_records(r / f"run-{run_id}.wandb")  # written after finish() returns
         data = (r / f"run-{run_id}.wandb").read_bytes()
         assert len(data) > 0
         for key in (b"world_model/loss", b"actor/loss", b"critic/loss", b"env_steps"):
@@ -180,6 +182,25 @@ def _wandb_records(path: Path) -> list:
     return records
 
 
+def _finished_wandb_records(path: Path, timeout: float = 60.0) -> list:
+    """The run file's records once they end with the run's exit record. wandb.finish() returns
+    when wandb's service process holds the records, which writes them to the file moments
+    later: on a loaded machine the file has been seen to hold its 7-byte header alone when
+    finish() returned, and all its records 3 s later."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            records = _wandb_records(path)
+        except Exception:  # noqa: BLE001 - a record half written: read again
+            if time.monotonic() > deadline:
+                raise
+            records = []
+        if records and records[-1].WhichOneof("record_type") == "exit" \
+                or time.monotonic() > deadline:
+            return records
+        time.sleep(0.1)
+
+
 @pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed (pip install 'lucid-rl[wandb]')")
 @pytest.mark.parametrize("project", [None, "my-project"])
 def test_wandb_records_the_project_and_plots_every_metric_against_env_steps(tmp_path, project,
@@ -194,7 +215,7 @@ def test_wandb_records_the_project_and_plots_every_metric_against_env_steps(tmp_
     log.episode(_ep(11, 3.0))
     log.close()
     (path,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
-    records = _wandb_records(path)
+    records = _finished_wandb_records(path)
     runs = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert runs and {r.project for r in runs} == {project or "lucid"}
     config = {u.key: json.loads(u.value_json) for u in runs[0].config.update}
