@@ -233,9 +233,7 @@ def eval_cmd(run_dir: str = typer.Argument(..., help="a run directory, or an age
     try:
         eps = trainer.evaluate(episodes, explore=sampled, seed=seed)
     except Exception as exc:  # noqa: BLE001 - the env's (a NaN, a crash): one line
-        where = raised_at(exc)
-        _fail(f"the evaluation failed: {type(exc).__name__}: {exc}"
-              + (f" (raised at {where})" if where else ""))
+        _evaluation_failed(exc)
     if not eps:
         _fail("no evaluation episode ended (see the warning above): give the env a time "
               "limit, e.g. edit env.max_episode_steps in the run's config.yaml")
@@ -291,6 +289,14 @@ def _unused(paths: list[Path]) -> list[Path]:
             return names
 
 
+def _evaluation_failed(exc: Exception) -> NoReturn:
+    """An evaluation that the env stopped (a NaN it gave, an exception of its own), in one
+    line: the error and where in the user's code it was raised."""
+    where = raised_at(exc)
+    _fail(f"the evaluation failed: {type(exc).__name__}: {exc}"
+          + (f" (raised at {where})" if where else ""))
+
+
 def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str,
                 seed: int | None):
     """`lucid eval --video`: the episodes are run in a rendering env, one video each (in
@@ -314,6 +320,11 @@ def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str,
     except (TypeError, NotImplementedError) as exc:  # an env without render_mode or pictures
         _fail(f"this env cannot be drawn for a video ({type(exc).__name__}: {exc}); "
               f"lucid eval without --video gives the returns")
+    except Exception as exc:  # noqa: BLE001 - the env's; a full disk is main()'s to tell
+        from .checkpoint import disk_full
+        if isinstance(exc, OSError) and disk_full(exc):
+            raise
+        _evaluation_failed(exc)
     if any(r.length >= EVAL_MAX_STEPS for r in recs):
         typer.echo(f"warning: an episode did not end within {EVAL_MAX_STEPS:,} steps and was "
                    f"cut there (its return is partial); give env.max_episode_steps", err=True)

@@ -290,8 +290,9 @@ def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
                             f"reward, terminated, truncated, info): gymnasium envs return five")
         _fits(label, obs_spec, spaces[0], out[0], "observation after step()")
         reward, flags = np.asarray(out[1]), [np.asarray(f) for f in out[2:4]]
-        if reward.ndim != 0 or not (np.issubdtype(reward.dtype, np.integer)
-                                    or np.issubdtype(reward.dtype, np.floating)):
+        real = reward.dtype == bool or np.issubdtype(reward.dtype, np.integer) \
+            or np.issubdtype(reward.dtype, np.floating)  # a bool is 0 or 1, as in gymnasium
+        if reward.ndim != 0 or not real:
             raise TypeError(f"{label}'s step() returned the reward {out[1]!r}; it must be "
                             f"one real number")
         if any(f.ndim != 0 or not (f.dtype == bool or np.issubdtype(f.dtype, np.integer)

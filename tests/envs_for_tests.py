@@ -84,6 +84,8 @@ class BrokenEnv(CountEnv):
             reward = complex(reward, 1.0)
         if self.mistake == "info_none":
             info = None
+        if self.mistake == "bool_reward":  # not a mistake: gymnasium takes it (bool is an int)
+            reward = self.t % 2 == 0
         return obs, reward, term, trunc, info
 
 

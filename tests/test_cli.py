@@ -262,8 +262,14 @@ class EvalFails(gym.Env):
     observation_space = gym.spaces.Box(-10, 10, (2,), np.float32)
     action_space = gym.spaces.Discrete(2)
 
-    def __init__(self, crash=False):
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, crash=False, render_mode=None):
         self.crash, self.bad, self.t = crash, False, 0
+        self.render_mode = render_mode
+
+    def render(self):
+        return np.zeros((16, 16, 3), np.uint8)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -300,8 +306,8 @@ class ResetFails(EvalFails):
 
 
 def test_an_env_that_fails_in_lucid_eval_is_a_one_line_error(tmp_path, monkeypatch):
-    """lucid eval printed the traceback of the env's NaN (which training names in one
-    line) or of its exception."""
+    """lucid eval (and eval --video) printed the traceback of the env's NaN (which training
+    names in one line) or of its exception."""
     (tmp_path / "eval_fails.py").write_text(EVAL_FAILS_ENV)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the file's directory joins it
     run = tmp_path / "run"
@@ -311,15 +317,18 @@ def test_an_env_that_fails_in_lucid_eval_is_a_one_line_error(tmp_path, monkeypat
                             "train.prefill=50", "train.train_ratio=8", "run.logger=none",
                             "run.videos=false", "run.progress=false"])
     assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["eval", str(run), "--episodes", "1"])
-    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
-    assert "error: the evaluation failed: ValueError: the observation contains NaN" in r.output
+    for video in ([], ["--video"]):  # --video was a traceback still
+        r = runner.invoke(app, ["eval", str(run), "--episodes", "1", *video])
+        assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
+        assert "error: the evaluation failed: ValueError: the observation contains NaN" \
+            in r.output
     config = run / "config.yaml"
     config.write_text(config.read_text().replace("kwargs: {}", "kwargs: {crash: true}"))
-    r = runner.invoke(app, ["eval", str(run), "--episodes", "1"])
-    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
-    assert "the evaluation failed: RuntimeError: crashed (raised at " in r.output
-    assert "eval_fails.py:" in r.output
+    for video in ([], ["--video"]):
+        r = runner.invoke(app, ["eval", str(run), "--episodes", "1", *video])
+        assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
+        assert "the evaluation failed: RuntimeError: crashed (raised at " in r.output
+        assert "eval_fails.py:" in r.output
 
 
 def test_lucids_warnings_are_once_per_message_at_the_users_line_and_plain_in_the_cli():

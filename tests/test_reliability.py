@@ -563,6 +563,17 @@ def test_a_custom_envs_mistakes_are_named_before_anything_is_written(tmp_path, m
     assert not (tmp_path / "run").exists()
 
 
+def test_a_bool_reward_is_a_reward_of_0_or_1(tmp_path):
+    """gymnasium's env checker takes a Python bool as the reward (an int): so does lucid,
+    as 0 or 1 (it was refused as not a number)."""
+    with Trainer(_cfg(tmp_path, env={"id": "envs_for_tests:BrokenEnv",
+                                     "kwargs": {"mistake": "bool_reward"}},
+                      run={"steps": 40})) as tr:
+        tr.run()
+    eps = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert eps and {e["return"] for e in eps if not e["eval"]} == {2.0}  # True at steps 2, 4
+
+
 @pytest.mark.parametrize("mistake,message", [
     ("shape", r"observation 'b' has shape \(4,\), expected \(3,\)"),
     ("missing_key", r"observation is missing key 'b' \(has \['cam'\]\)"),
