@@ -1168,7 +1168,8 @@ def test_a_module_import_that_fails_leaves_the_path_and_names_what_is_missing(tm
     it was; a missing import whose name begins like the module's own is still an import of
     the module, and an env file's missing import is told as a module's is; a module that
     needs a suite's extra raises MissingExtraError, which names it; a module that raises on
-    import, named by gymnasium's module:Id syntax, is named with its error."""
+    import, named by gymnasium's module:Id syntax, is named with its error and leaves the
+    working directory off sys.path."""
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
     monkeypatch.setattr(sys, "modules", dict(sys.modules))
     monkeypatch.chdir(tmp_path)
@@ -1192,6 +1193,7 @@ def test_a_module_import_that_fails_leaves_the_path_and_names_what_is_missing(tm
     with pytest.raises(UnknownEnvError, match="cannot load environment "
                                               "'lucid_probe_reg:probe/Env-v0': no such setting"):
         make_env("lucid_probe_reg:probe/Env-v0")
+    assert str(tmp_path) not in sys.path  # found in the working directory, then it raised
 
 
 USER_ENVS = """

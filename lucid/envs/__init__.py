@@ -240,7 +240,7 @@ def _import_module(module: str):
         sys.path.insert(0, cwd)
         try:
             return importlib.import_module(module)
-        except ImportError:
+        except BaseException:  # not found there either, or it raised: sys.path as it was
             sys.path.remove(cwd)
             raise
 
