@@ -121,3 +121,23 @@ def test_the_presets_table_matches_the_presets():
                 size, int(envs), int(b), int(t), float(ratio)), name
             seen.add(name)
     assert seen == set(C.PRESETS), f"presets missing from docs/presets.md: {set(C.PRESETS) - seen}"
+
+
+def test_config_doc_command_checks_prints_and_rewrites_the_reference(tmp_path, monkeypatch,
+                                                                     capsys):
+    """`python -m lucid.config_doc`: --check exits 0 when the file is current and 1 when it
+    is stale or missing, --stdout prints the reference without writing, and no flag rewrites
+    the file with exactly what render() gives."""
+    assert config_doc.main(["--check"]) == 0  # the checked-in file
+    path = tmp_path / "configuration.md"
+    monkeypatch.setattr(config_doc, "DOC_PATH", path)
+    assert config_doc.main(["--check"]) == 1  # missing
+    assert "out of date" in capsys.readouterr().err
+    path.write_text(config_doc.render() + "stale line\n")
+    assert config_doc.main(["--check"]) == 1
+    assert config_doc.main(["--stdout"]) == 0
+    assert capsys.readouterr().out == config_doc.render()
+    assert path.read_text().endswith("stale line\n")  # --stdout wrote nothing
+    assert config_doc.main([]) == 0
+    assert path.read_text() == config_doc.render()
+    assert config_doc.main(["--check"]) == 0

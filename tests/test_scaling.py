@@ -89,19 +89,38 @@ def _rank_main(rank, world, port, out_dir):
     out = _train_recording(agent, batch)
     dp.check_identical(agent)
     out["checks"] = dp.checks
+    out["gathered"] = dp.gather(torch.tensor([10.0 + rank])).flatten().tolist()
+    out["summed"] = (dp.sum(rank + 1.0), dp.any(rank == 1), dp.any(False))
+    grad = torch.zeros(3, requires_grad=True)
+    grad.grad = torch.full((3,), float(rank))
+    loss = dp.grad_sync([grad], torch.tensor(float("inf") if rank else 4.0))
+    out["synced"] = (loss.item(), grad.grad.tolist())
+    if rank == 1:  # drift in a bias (1-d) that keeps the actor's sum (exactly), not its
+        with torch.no_grad():  # sum of squares
+            w = next(p for p in agent.actor.parameters() if p.dim() == 1)
+            a, b = w[0].double(), w[1].double()
+            w[0] = (a + b).float()
+            w[1] = ((a + b) - w[0].double()).float()
+    try:
+        dp.check_identical(agent)
+        out["diverged"] = None
+    except RuntimeError as exc:
+        out["diverged"] = str(exc)
     torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     times = {}
     if rank == 1:  # the last to reach close(), and slow to tear down its backend
         time.sleep(0.3)
-        destroy = torch.distributed.destroy_process_group
+    destroy = torch.distributed.destroy_process_group
 
-        def slow_destroy():
+    def timed_destroy():
+        times["destroying"] = time.time()
+        if rank == 1:
             time.sleep(0.3)
-            destroy()
-            times["destroyed"] = time.time()
+        destroy()
+        times["destroyed"] = time.time()
 
-        monkeypatch = pytest.MonkeyPatch()
-        monkeypatch.setattr(torch.distributed, "destroy_process_group", slow_destroy)
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(torch.distributed, "destroy_process_group", timed_destroy)
     times["entered"] = time.time()
     dp.close()
     times["left"] = time.time()
@@ -149,9 +168,19 @@ def test_two_gloo_learners_match_one_learner_with_the_full_batch(tmp_path, monke
     assert torch.equal(r0["params"], r1["params"])
     assert all(torch.equal(a, b) for a, b in zip(r0["grads"], r1["grads"]))
     assert r0["checks"] == 1
+    # gather() stacks the ranks in order; grad_sync() averages gradients and the loss, so a
+    # non-finite loss on one rank skips the step on every rank
+    assert r0["gathered"] == r1["gathered"] == [10.0, 11.0]
+    assert r0["summed"] == r1["summed"] == (3.0, True, False)
+    assert r0["synced"] == r1["synced"] == (float("inf"), [0.5, 0.5, 0.5])
+    # a rank whose parameters drifted is caught on every rank, with the module named
+    for r in (r0, r1):
+        assert r["diverged"] and "rank(s) [1]" in r["diverged"], r["diverged"]
+        assert "in ['actor'] after 3 updates" in r["diverged"], r["diverged"]
     # close(): rank 0 (the store's host) left after rank 1 had arrived and torn down gloo
     c0, c1 = (json.loads((tmp_path / f"close{r}.json").read_text()) for r in range(2))
     assert c0["left"] >= c1["destroyed"] > c1["entered"] > c0["entered"]
+    assert c0["destroying"] >= c1["entered"]  # rank 0 tore down gloo once both had arrived
     # and the group is gone with its threads (a group that outlives destroy_process_group
     # runs gloo's threads into the interpreter's exit, where a rank can abort)
     assert c0["threads"] and not any("gloo" in n or "tcpstore" in n
@@ -169,6 +198,34 @@ def test_two_gloo_learners_match_one_learner_with_the_full_batch(tmp_path, monke
         assert scale > 0
         assert (g_dist - g_full).abs().max() <= 1e-5 * scale
     assert (r0["params"] - full["params"]).abs().max() < 1e-6
+
+
+def test_data_parallel_takes_its_place_from_torchruns_variables(tmp_path, monkeypatch):
+    """On a second node, torchrun's RANK (global) differs from LOCAL_RANK (the GPU index)
+    and WORLD_SIZE counts every node's ranks: a DataParallel made in a process whose group
+    exists already (here a one-process gloo group) reads them as such and leaves that
+    group to its owner; it refuses an agent that would capture its update in a CUDA graph."""
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    from lucid.distributed import DataParallel, launched
+    assert launched()
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        dp = DataParallel("cpu")
+        assert (dp.rank, dp.world, dp.local_rank, dp.is_main) == (3, 4, 1, False)
+        assert dp.device == torch.device("cpu") and dp.backend == "gloo"
+        assert not dp.owns_group
+        agent = _agent(seed=0)
+        agent.config.train.cuda_graph = True  # one process's capture: refused
+        with pytest.raises(ValueError, match="train.cuda_graph=false"):
+            dp.attach(agent)
+        dp.close()
+        assert torch.distributed.is_initialized()  # not its group to destroy
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 def _close_alone(rank, world, port, out_dir):
@@ -547,6 +604,82 @@ def test_a_ray_runner_acts_on_its_cpu_whatever_the_learners_speed_switches():
     out = runner.sample(5, explore_random=True)
     assert out["chunk"]["reward"].shape == (2, 5)
     assert not runner.agent.config.train.cuda_graph and not runner.agent.config.train.compile
+
+
+def _state(module):
+    return torch.cat([t.reshape(-1).double() for t in module.state_dict().values()
+                      if t.is_floating_point()])
+
+
+def test_a_ray_runner_acts_with_the_weights_it_was_sent():
+    """A runner starts with random actions (no weights yet, version None); weights sent with
+    a task replace both its world model and its actor, and every later chunk reports their
+    version until new ones arrive; prefill chunks (explore_random) report no version."""
+    from lucid.config import to_yaml
+    from lucid.ray_runners import EnvRunner
+    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"})
+    runner = EnvRunner(to_yaml(cfg), index=0, seed=1, num_envs=1)
+    learner = EnvRunner(to_yaml(cfg), index=1, seed=2, num_envs=1).agent  # other weights
+    assert not torch.equal(_state(runner.agent.wm), _state(learner.wm))
+    assert not torch.equal(_state(runner.agent.actor), _state(learner.actor))
+    assert runner.sample(2)["version"] is None
+    weights = {"world_model": learner.wm.state_dict(), "actor": learner.actor.state_dict()}
+    assert runner.sample(2, weights, version=5)["version"] == 5
+    assert torch.equal(_state(runner.agent.wm), _state(learner.wm))
+    assert torch.equal(_state(runner.agent.actor), _state(learner.actor))
+    assert runner.sample(2)["version"] == 5
+    assert runner.sample(2, explore_random=True)["version"] is None
+
+
+def test_ray_runners_are_seeded_by_their_seed():
+    """Two runners with the same seed start the same envs with the same policy; another
+    seed gives other envs (runners must not all collect the same episodes)."""
+    from lucid.config import to_yaml
+    from lucid.ray_runners import EnvRunner
+    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"})
+    a, b, c = (EnvRunner(to_yaml(cfg), index=0, seed=s, num_envs=2) for s in (7, 7, 8))
+    obs = [r.sample(3, explore_random=True)["chunk"]["obs/vector"] for r in (a, b, c)]
+    np.testing.assert_array_equal(obs[0], obs[1])
+    assert not np.array_equal(obs[0], obs[2])
+    assert torch.equal(_state(a.agent.actor), _state(b.agent.actor))
+
+
+class _RunnerInitFailed(Exception):
+    """Shaped as Ray's error for a runner whose constructor raised (its last line names the
+    runner's own exception)."""
+    actor_init_failed = True
+
+
+def test_ray_runner_replacement_counts_failures_in_a_row_and_resets_the_runners_state(
+        monkeypatch):
+    """_replace(), without Ray actors (the actors it starts and kills are names): a replaced
+    runner gets the newest weights with its first task and counts its env restarts from 0;
+    only the same error three times in a row is fatal (alternating errors are not),
+    and the run stops once run.max_runner_restarts replacements are spent."""
+    ray = pytest.importorskip("ray")
+    from lucid.ray_runners import RayCollector
+    from lucid.runner import EnvError
+    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
+                      run={"runners": "ray", "num_runners": 2, "max_runner_restarts": 7})
+    col = RayCollector(cfg, seed=3)
+    started, killed = [], []
+    monkeypatch.setattr(col, "_start", lambda i: started.append(i) or f"runner {i}.{len(started)}")
+    monkeypatch.setattr(ray, "kill", killed.append)
+    col.runners, col.versions, col.env_restarts_seen = ["a", "b"], [5, 6], [2, 3]
+    col._replace(0, RuntimeError("lost with its node"))
+    assert col.runners == ["runner 0.1", "b"] and col.versions == [-1, 6]
+    assert col.env_restarts_seen == [0, 3]
+    assert col.runner_restarts == col.dropped_chunks == 1 and killed == ["a"]
+    for cause in ("header\nValueError: A", "header\nValueError: B") * 2:  # never in a row
+        col._replace(1, _RunnerInitFailed(cause))
+    col._replace(1, _RunnerInitFailed("header\nValueError: B"))
+    with pytest.raises(EnvError, match="failed 3 times in a row .*ValueError: B"):
+        col._replace(1, _RunnerInitFailed("header\nValueError: B"))
+    col._repeats = ("", 0)
+    assert col.runner_restarts == 7
+    with pytest.raises(EnvError, match="more than run.max_runner_restarts=7"):
+        col._replace(0, RuntimeError("lost with its node"))
+    assert started == [0, 1, 1, 1, 1, 1]
 
 
 def test_replay_group_samples_every_part_and_add_chunk_matches_add():
