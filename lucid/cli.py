@@ -3,7 +3,6 @@ lucid.train and the visualising modules (video, plot, report)."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import sys
@@ -12,8 +11,8 @@ from typing import List, NoReturn, Optional
 
 import typer
 
-from .config import (PRESETS, RESUME_SETTABLE, SIZES, Config, ConfigError, _suggest,
-                     make_config, to_yaml)
+from .config import (PRESETS, RESUME_SETTABLE, SECTIONS, SIZES, ConfigError,
+                     _suggest, make_config, to_yaml)
 from .envs import default_preset
 from .warn import raised_at
 
@@ -70,9 +69,7 @@ def _build(env: str, preset: Optional[str], size: Optional[str], steps: Optional
 
 def _refuse_key_without_value(env: str) -> None:
     """An ENV argument that is a config key whose `=VALUE` was left out (`model.size`)."""
-    sections = {f.name for f in dataclasses.fields(Config)
-                if dataclasses.is_dataclass(f.default_factory)}
-    if env.split(".")[0] in sections and ":" not in env and "/" not in env:
+    if env.split(".")[0] in SECTIONS and ":" not in env and "/" not in env:
         _fail(f"{env!r} looks like a config key without a value: write {env}=VALUE "
               f"(`lucid config` lists the keys)")
 

@@ -233,6 +233,11 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
 
+# The config's sections (env, model, train, run): a `section.key=value` names one of them.
+SECTIONS = tuple(f.name for f in dataclasses.fields(Config)
+                 if dataclasses.is_dataclass(f.default_factory))
+
+
 # --------------------------------------------------------------------------- presets
 
 # The CPU presets' shared recipe (they differ only in how many env steps a run takes).
@@ -330,7 +335,6 @@ def make_config(preset: str = "default", overrides: list[str] | dict | None = No
     if isinstance(overrides, dict):
         layers.append(overrides)
     elif overrides:
-        sections_ = [f for f in base.keys() if isinstance(base[f], DictConfig)]
         for item in overrides:
             if "=" not in item:
                 raise ConfigError(f"override {item!r} is not of the form section.key=value "
@@ -343,7 +347,7 @@ def make_config(preset: str = "default", overrides: list[str] | dict | None = No
                 raise ConfigError(f"override {item!r} would rename the preset, not apply it; "
                                   f"choose it with --preset {item.split('=', 1)[1].strip()} "
                                   f"(Python: preset=...)")
-            if key in sections_:  # train=5: a whole section, which takes no value
+            if key in SECTIONS:  # train=5: a whole section, which takes no value
                 raise ConfigError(f"override {item!r} sets the whole {key} section; set one "
                                   f"of its keys, {key}.KEY=value (`lucid config` lists them)")
         try:
@@ -363,8 +367,8 @@ def make_config(preset: str = "default", overrides: list[str] | dict | None = No
             if not exc.full_key:  # a whole section given a value (Dreamer(train=[...]), a dict)
                 raise ConfigError(f"bad config value: {str(exc).splitlines()[0]}; give each "
                                   f"section a mapping of its keys") from None
-            why = (exc.msg or str(exc)).splitlines()[0]  # not OmegaConf's details
-            raise ConfigError(f"bad value for config key {exc.full_key!r}: {why}") from None
+            raise ConfigError(f"bad value for config key {exc.full_key!r}: "
+                              f"{_first_line(exc)}") from None
     obj: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     validate(obj)
     return obj
@@ -479,6 +483,11 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"invalid config: {msg}" + (f" (got {got})" if got else ""))
 
 
+def _first_line(exc: ValidationError) -> str:
+    """What OmegaConf refused, without its details (full_key:, reference_type=, ...)."""
+    return (exc.msg or str(exc)).splitlines()[0]
+
+
 def _nonfinite(cfg: Config) -> list[str]:
     """The train.* and model.* keys whose values are NaN or infinite (a weight, a rate, a
     bin: every update would be non-finite), but for a gradient clip of inf (no clipping)."""
@@ -535,9 +544,8 @@ def from_yaml(text: str, where: str = "config file") -> Config:
                           "version that wrote it") from None
     except ValidationError as exc:  # a hand edit: train.batch_size: abc, or train: 5
         what = f"config key {exc.full_key!r}" if exc.full_key else "a config section"
-        why = (exc.msg or str(exc)).splitlines()[0]
-        raise ConfigError(f"bad value for {what} in {where}: {why}; fix that value "
-                          f"there") from None
+        raise ConfigError(f"bad value for {what} in {where}: {_first_line(exc)}; fix that "
+                          f"value there") from None
     obj: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     try:
         validate(obj)
