@@ -264,13 +264,13 @@ def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
         obs_spec, act_spec = ObsSpec.from_space(spaces[0]), ActionSpec.from_space(spaces[1])
         try:
             out = env.reset(seed=cfg.run.seed)
-        except TypeError as exc:  # reset(self) of gym < 0.26: no restart would help
-            if "unexpected keyword argument 'seed'" in str(exc):
+        except Exception as exc:  # noqa: BLE001 - the env's own
+            # A crashing env is the run's to restart (env.max_restarts); no restart helps the
+            # reset(self) of gym < 0.26.
+            if isinstance(exc, TypeError) and "unexpected keyword argument 'seed'" in str(exc):
                 raise TypeError(f"{label}'s reset() takes no seed: gymnasium envs define "
                                 f"`def reset(self, *, seed=None, options=None)` and call "
                                 f"super().reset(seed=seed) first") from None
-            return obs_spec, act_spec  # a crashing env, as below
-        except Exception:  # noqa: BLE001 - a crashing env: the run restarts it (env.max_restarts)
             return obs_spec, act_spec
         if not (isinstance(out, tuple) and len(out) == 2):
             raise TypeError(f"{label}'s reset() returned {type(out).__name__}, not "
