@@ -102,6 +102,7 @@ def train(
                                          "tensorboard, wandb, tensorboard,wandb or none"),
 ):
     """Train an agent. Extra arguments are config overrides: section.key=value.
+
     Data-parallel learners: `torchrun --nproc-per-node G -m lucid train ...`."""
     from .train import DiskFullError, EnvError, NonFiniteError, Trainer, slow_preset_note
     overrides = list(ctx.args)
@@ -245,8 +246,10 @@ def config_cmd(args: List[str] = typer.Argument(None, help="[ENV] section.key=va
                preset: Optional[str] = typer.Option(None, help="default: the env's, as "
                                                     "lucid train picks it"),
                size: Optional[str] = typer.Option(None, help="model size")):
-    """Print the config that `lucid train` with the same ENV, --preset, --size and
-    section.key=value overrides would run with."""
+    """Print the config that `lucid train` would run with, given the same arguments.
+
+    ENV, --preset, --size and section.key=value overrides are taken as `lucid train` takes
+    them; the output is the YAML a run saves as its config.yaml."""
     args = list(args or [])
     env = args.pop(0) if args and "=" not in args[0] else DEFAULT_ENV
     _refuse_key_without_value(env)  # else printed as the config of an env of that name
@@ -261,8 +264,10 @@ def check_cmd(env: str = typer.Argument(..., help="an env as `lucid train` takes
               overrides: List[str] = typer.Argument(None, help="section.key=value, e.g. "
                                                     "env.kwargs.size=8"),
               steps: int = typer.Option(500, help="random steps to take")):
-    """Check that lucid can train on ENV before a run: how it sees the observations and
-    actions, then random steps through the checks training makes, and whether videos work."""
+    """Check that lucid can train on ENV, before a run.
+
+    Shows how lucid sees the observations and actions, then takes random steps through the
+    checks training makes, and tells whether videos work."""
     from .envcheck import check
     if steps < 1:
         _fail(f"--steps must be >= 1, got {steps}")
@@ -391,8 +396,9 @@ def plot_cmd(run_dirs: List[str] = typer.Argument(..., help="run directories; ru
              label: Optional[List[str]] = typer.Option(None, help="a curve's name, one per "
                                                        "config in the order of its first run "
                                                        "(default: the config keys that differ)")):
-    """Learning curves of one or more runs (mean and spread over seeds of one config): episode
-    returns, or --y any logged metric."""
+    """Learning curves of one or more runs: mean and spread over the seeds of each config.
+
+    Episode returns by default, or with --y any logged metric."""
     from .plot import plot_runs
     if Path(out).is_dir():
         _fail(f"--out {out} is a directory; give a file name, e.g. {Path(out) / 'curves.png'}")

@@ -50,6 +50,20 @@ def test_version_and_short_help():
     assert r.exit_code == 0 and "--resume" in r.output
 
 
+def test_the_command_list_gives_each_command_its_summary_on_one_row():
+    """`lucid --help` lists each command with its docstring's first paragraph, keeping its
+    line breaks: that paragraph must be the one-line summary (the rest, after a blank line,
+    shows in the command's own --help)."""
+    r = runner.invoke(app, ["--help"], env={"COLUMNS": "240"}, terminal_width=240)
+    assert r.exit_code == 0, r.output
+    for cmd in app.registered_commands:
+        name = cmd.name or cmd.callback.__name__
+        summary = cmd.callback.__doc__.split("\n\n")[0]
+        assert "\n" not in summary, (name, summary)
+        assert any(f" {name}  " in line and summary in line for line in r.output.splitlines()), (
+            name, r.output)
+
+
 def test_config_prints_what_train_would_run_with():
     r = runner.invoke(app, ["config"])  # lucid train's default: CartPole-v1 on cpu-control
     assert r.exit_code == 0 and "preset: cpu-control" in r.output and "id: CartPole-v1" in r.output
