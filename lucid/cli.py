@@ -3,6 +3,7 @@ lucid.train and the visualising modules (video, plot, report)."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import sys
@@ -419,6 +420,14 @@ def report_cmd(run_dir: str, out: Optional[str] = typer.Option(
     except (FileNotFoundError, ValueError) as exc:
         _fail(exc)
     typer.echo(str(path))
+
+
+# typer prints a docstring's line breaks as they stand (an 80-column terminal then breaks each
+# source line again): give it each paragraph as one line. The first is the command's summary
+# in `lucid --help`; the rest, after a blank line, show in the command's own --help.
+for _cmd in app.registered_commands:
+    _cmd.help = "\n\n".join(" ".join(paragraph.split())
+                             for paragraph in inspect.cleandoc(_cmd.callback.__doc__).split("\n\n"))
 
 
 def main():
