@@ -89,7 +89,8 @@ def train(
     preset: Optional[str] = typer.Option(None, help=f"one of: {', '.join(PRESETS)}"),
     size: Optional[str] = typer.Option(None, help=f"model size: {', '.join(SIZES)}"),
     steps: Optional[int] = typer.Option(None, help="environment steps to train for"),
-    seed: Optional[int] = typer.Option(None),
+    seed: Optional[int] = typer.Option(None, help="seed of python, numpy and torch (the "
+                                       "envs' and the replay's derive from it)"),
     run_dir: Optional[str] = typer.Option(None, help="where config, logs and checkpoints go"),
     device: Optional[str] = typer.Option(None, help="auto, cpu or cuda"),
     resume: Optional[str] = typer.Option(None, help="continue the run in this directory"),
@@ -215,7 +216,9 @@ def _load_run(run_dir: str, file_ok: bool = False):
 @app.command("eval")
 def eval_cmd(run_dir: str = typer.Argument(..., help="a run directory, or an agent file "
                                                      "from Dreamer.save"),
-             episodes: int = typer.Option(10), sampled: bool = False,
+             episodes: int = typer.Option(10, help="episodes to run"),
+             sampled: bool = typer.Option(False, help="sample the actor's actions (as the "
+                                                      "authors' evaluation does), not its mode"),
              video: bool = typer.Option(False, help="also save a video of every episode to "
                                                     "RUN_DIR/videos/"),
              video_format: str = typer.Option("mp4", "--format", help="mp4 or gif"),
@@ -338,14 +341,15 @@ def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str,
 
 
 @app.command("dream")
-def dream_cmd(run_dir: str,
+def dream_cmd(run_dir: str = typer.Argument(..., help="a run directory: its newest "
+                                                    "checkpoint and its replay"),
               horizon: int = typer.Option(45, help="dreamed steps after the context"),
               context: int = typer.Option(5, help="real steps the model observes first"),
               rows: int = typer.Option(3, help="replayed windows shown one below another"),
               out: Optional[str] = typer.Option(None, help="video file (.mp4 or .gif); default "
                                                            "RUN_DIR/videos/dream-<steps>.mp4, "
                                                            "-2, -3, ... if taken"),
-              fps: float = typer.Option(10.0),
+              fps: float = typer.Option(10.0, help="frames per second of the video"),
               seed: int = typer.Option(0, help="which replayed windows are picked")):
     """Open-loop dream video from real starting states: truth | prediction | error.
 
@@ -411,8 +415,9 @@ def plot_cmd(run_dirs: List[str] = typer.Argument(..., help="run directories; ru
 
 
 @app.command("report")
-def report_cmd(run_dir: str, out: Optional[str] = typer.Option(
-        None, help="HTML file; default RUN_DIR/report.html")):
+def report_cmd(run_dir: str = typer.Argument(..., help="a run directory"),
+               out: Optional[str] = typer.Option(None, help="HTML file; default "
+                                                 "RUN_DIR/report.html")):
     """One self-contained HTML page: config, learning curve, videos and final numbers."""
     from .report import write_report
     try:

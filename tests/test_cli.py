@@ -70,6 +70,15 @@ def test_help_gives_each_paragraph_of_a_commands_docstring_on_one_line():
             assert any(paragraph in line for line in own.output.splitlines()), (name, own.output)
 
 
+def test_every_argument_and_option_of_every_command_says_what_it_is():
+    import typer.main
+    group = typer.main.get_command(app)
+    missing = [f"{name} {param.name}" for name, cmd in group.commands.items()
+               for param in cmd.params
+               if param.name != "help" and not (getattr(param, "help", None) or "").strip()]
+    assert not missing, missing
+
+
 def test_config_prints_what_train_would_run_with():
     r = runner.invoke(app, ["config"])  # lucid train's default: CartPole-v1 on cpu-control
     assert r.exit_code == 0 and "preset: cpu-control" in r.output and "id: CartPole-v1" in r.output
