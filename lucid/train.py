@@ -580,11 +580,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
 
-    def updates_due(self) -> int:
-        """Updates that the env steps so far call for: train_ratio replayed steps per env
-        step after prefill (from where a resume changed the ratio or the batch: `_offset`)."""
+    def updates_due(self, env_steps: int | None = None) -> int:
+        """Updates that the env steps so far (or `env_steps`) call for: train_ratio replayed
+        steps per env step after prefill (from where a resume changed the ratio or the batch:
+        `_offset`)."""
         t = self.cfg.train
-        since = self.counters["env_steps"] - t.prefill
+        since = (self.counters["env_steps"] if env_steps is None else env_steps) - t.prefill
         if since <= 0:
             return 0
         return math.floor(since * t.train_ratio / self._replayed_per_update()) + self._offset
@@ -693,6 +694,12 @@ class Trainer:
                   f"{cfg.run.steps // envs} steps, fewer than one train.batch_length="
                   f"{t.batch_length} window, so no update will be made; raise --steps or "
                   f"lower train.batch_length")
+        elif c["env_steps"] < cfg.run.steps and self.updates_due(cfg.run.steps) <= c["updates"]:
+            steps = cfg.run.steps - max(c["env_steps"], t.prefill)  # those that train
+            print(f"note: {steps} env steps after train.prefill at train.train_ratio="
+                  f"{t.train_ratio:g} call for {steps * t.train_ratio:g} replayed steps, fewer "
+                  f"than the {self._replayed_per_update()} of one update, so no update will be "
+                  f"made; raise --steps or train.train_ratio, or lower train.batch_size")
         if (c["env_steps"] == 0 and not a.is_discrete and not a.is_continuous
                 and t.continuous_grad == "dynamics"):
             print("note: the action space has discrete and Box actions, so the actor learns "

@@ -250,6 +250,22 @@ def test_a_run_too_short_for_one_window_says_it_makes_no_update(tmp_path, capsys
     assert "window" not in capsys.readouterr().out and tr.counters["updates"] > 0
 
 
+def test_a_run_whose_train_ratio_calls_for_no_update_says_so(tmp_path, capsys):
+    """Past the prefill and a window per env, but (steps - prefill) x train_ratio short of
+    one update's B x T replayed steps: no update, said before the run; enough steps for one
+    update make it, and nothing is said."""
+    over = {"batch_size": 2, "batch_length": 8, "prefill": 20, "train_ratio": 1}
+    with Trainer(_cfg(tmp_path / "a", train=over, run={"steps": 30})) as tr:
+        tr.run()
+    assert "note: 10 env steps after train.prefill at train.train_ratio=1 call for 10 " \
+           "replayed steps, fewer than the 16 of one update, so no update will be made" \
+        in capsys.readouterr().out
+    assert tr.counters["updates"] == 0
+    with Trainer(_cfg(tmp_path / "b", train=over, run={"steps": 36})) as tr:
+        tr.run()
+    assert "no update" not in capsys.readouterr().out and tr.counters["updates"] == 1
+
+
 def _saving(tr) -> list:
     """The env steps at which `tr` saves a checkpoint, as it saves them."""
     real, at = tr.save, []
