@@ -682,6 +682,209 @@ def test_ray_runner_replacement_counts_failures_in_a_row_and_resets_the_runners_
     assert started == [0, 1, 1, 1, 1, 1]
 
 
+class _Ref:
+    """A stand-in for a Ray ObjectRef: the runner that answers and its answer."""
+
+    def __init__(self, runner, out):
+        self.runner, self.out = runner, out
+
+
+class _FakeRunner:
+    """A stand-in for an EnvRunner actor handle: `sample.remote()` keeps the version of the
+    weights held as EnvRunner.sample does and answers with the next cumulative env-restart
+    count of its script ("die": the task's result is lost with the runner)."""
+
+    def __init__(self, index, restarts):
+        self.index, self.restarts, self.version, self.sent = index, list(restarts), -1, []
+        self.sample = self
+        self.remote = self._sample
+
+    def _sample(self, length, weights, version, explore_random):
+        self.sent.append(None if weights is None else version)
+        if weights is not None:
+            self.version = version
+        acting = not explore_random and self.version >= 0
+        count = self.restarts.pop(0) if self.restarts else 0
+        return _Ref(self.index, "die" if count == "die" else {
+            "chunk": {"reward": np.zeros((1, length), np.float32)}, "episodes": [],
+            "version": self.version if acting else None, "restarts": count})
+
+
+def _fake_ray_pool(monkeypatch, cfg, scripts, order):
+    """A RayCollector whose actors are _FakeRunners (runner i's k-th start plays
+    scripts[i][k]) and whose ray.wait answers the runners in `order`."""
+    ray = pytest.importorskip("ray")
+    from lucid.ray_runners import RayCollector
+    col = RayCollector(cfg, seed=0)
+    started = []
+
+    def start(i):
+        started.append(_FakeRunner(i, scripts[i].pop(0)))
+        return started[-1]
+
+    def wait(refs, num_returns):
+        ref = next(r for r in refs if r.runner == order[0])
+        order.pop(0)
+        return [ref], [r for r in refs if r is not ref]
+
+    def get(ref):
+        if ref.out == "die":
+            raise ray.exceptions.RayError(f"runner {ref.runner} was lost with its node")
+        return ref.out
+
+    puts = []
+    monkeypatch.setattr(col, "_start", start)
+    monkeypatch.setattr(ray, "wait", wait)
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray, "put", lambda obj: puts.append(obj) or f"weights {len(puts)}")
+    monkeypatch.setattr(ray, "kill", lambda actor: None)
+    return col, started, puts
+
+
+class _Replay:
+    def __init__(self):
+        self.parts = []
+
+    def add_chunk(self, i, chunk):
+        self.parts.append(i)
+
+
+def test_a_ray_runner_gets_new_weights_once_weight_sync_every_updates_are_made(monkeypatch):
+    """With run.weight_sync_every=3, a runner acting for the learner gets the weights with
+    its first task and then again exactly when the learner has made 3 updates since its copy
+    (not 4); prefill tasks carry none, and each version's weights are put in Ray once."""
+    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
+                      run={"runners": "ray", "num_runners": 1, "envs_per_runner": 1,
+                           "runner_chunk": 4, "weight_sync_every": 3})
+    col, runners, puts = _fake_ray_pool(monkeypatch, cfg, {0: [[]]}, [0] * 9)
+    agent = type("Agent", (), {"updates": 0, "wm": torch.nn.Linear(2, 2),
+                               "actor": torch.nn.Linear(2, 1)})()
+    replay = _Replay()
+    assert col.collect(None, replay) == (4, [])  # prefill: random actions, no weights
+    for updates in range(8):
+        agent.updates = updates
+        assert col.collect(agent, replay) == (4, [])
+    assert runners[0].sent == [None, None, 0, None, None, 3, None, None, 6, None]
+    assert len(puts) == 3 and torch.equal(puts[-1]["actor"]["weight"], agent.actor.weight)
+
+
+def test_ray_runners_env_restarts_are_summed_over_runners_and_replacements(monkeypatch):
+    """Each runner reports its envs' restarts so far; the learner's count (the run's
+    train/env_restarts) is the sum of every runner's increments, and a replacement runner's
+    count, which starts from 0 again, adds to it rather than being taken for a decrease."""
+    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
+                      run={"runners": "ray", "num_runners": 2, "envs_per_runner": 1,
+                           "runner_chunk": 3, "max_runner_restarts": 5})
+    scripts = {0: [[1, 1, 3, "die"], [1, 2]], 1: [[0, 2, 2]]}
+    col, runners, _ = _fake_ray_pool(monkeypatch, cfg, scripts, [0, 1, 0, 1, 0, 0, 0, 1])
+    replay, counts = _Replay(), []
+    for _ in range(8):
+        col.collect(None, replay)
+        counts.append(col.restarts)
+    # runner 0: 1, 1, 3, lost, then its replacement 1, 2; runner 1: 0, 2, 2
+    assert counts == [1, 1, 1, 3, 5, 5, 6, 6]
+    assert col.runner_restarts == 1 and len(runners) == 3
+    assert replay.parts == [0, 1, 0, 1, 0, 0, 1]
+
+
+def test_ray_runner_metrics_cover_the_chunks_and_time_since_the_last_row(monkeypatch):
+    """metrics() reports the policy lag (the learner's updates when a chunk arrives minus
+    those of the weights that collected it; mean and max) of the chunks received since the
+    last call, and the fraction of the time since then that the learner waited for chunks."""
+    from lucid import ray_runners
+    clock = [100.0]
+    monkeypatch.setattr(ray_runners, "time", type("Clock", (), {"time": lambda: clock[0]}))
+    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
+                      run={"runners": "ray", "num_runners": 1, "envs_per_runner": 1,
+                           "runner_chunk": 2, "weight_sync_every": 1})
+    col, _, _ = _fake_ray_pool(monkeypatch, cfg, {0: [[]]}, [0] * 6)
+    ray = pytest.importorskip("ray")
+    answer = ray.wait
+
+    def wait(refs, num_returns):  # each chunk keeps the learner waiting 1 s
+        clock[0] += 1
+        return answer(refs, num_returns)
+
+    monkeypatch.setattr(ray, "wait", wait)
+    agent = type("Agent", (), {"updates": 0, "wm": torch.nn.Linear(2, 2),
+                               "actor": torch.nn.Linear(2, 1)})()
+    replay = _Replay()
+
+    def collect(updates):  # after 3 s of learning
+        clock[0] += 3
+        agent.updates = updates
+        col.collect(None if updates is None else agent, replay)
+
+    for updates in (None, 0, 2, 3):  # prefill; weights of 0 arrive at 2, of 2 at 3
+        collect(updates)
+    row = col.metrics()
+    assert row["runners/policy_lag"] == 1.5 and row["runners/policy_lag_max"] == 2
+    assert row["runners/learner_wait_fraction"] == pytest.approx(4 / 16)
+    for updates in (3, 7):  # weights of 3 arrive at 3, and (not resent) at 7
+        collect(updates)
+    row = col.metrics()
+    assert row["runners/policy_lag"] == 2 and row["runners/policy_lag_max"] == 4
+    assert row["runners/learner_wait_fraction"] == pytest.approx(2 / 8)
+
+
+def test_a_local_ray_instance_gets_the_cpus_its_runners_reserve(monkeypatch):
+    """With run.ray_num_cpus=0 a local Ray instance gets num_runners x runner_cpus CPUs
+    (rounded up, at least 1), so that every runner can be scheduled; run.ray_num_cpus sets
+    them, and run.ray_address joins a cluster instead."""
+    ray = pytest.importorskip("ray")
+    from lucid.ray_runners import RayCollector
+    inits = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: inits.append(kwargs))
+    for run, cpus in (({"num_runners": 3, "runner_cpus": 0.5}, 2),
+                      ({"num_runners": 1, "runner_cpus": 0.25}, 1),
+                      ({"num_runners": 2, "runner_cpus": 2.0}, 4),
+                      ({"num_runners": 2, "ray_num_cpus": 5}, 5)):
+        cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
+                          run={"runners": "ray", **run})
+        col = RayCollector(cfg)
+        col._init_ray()
+        assert inits[-1]["num_cpus"] == cpus and col.started_ray, run
+    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
+                      run={"runners": "ray", "num_runners": 2, "ray_address": "auto"})
+    RayCollector(cfg)._init_ray()
+    assert inits[-1]["address"] == "auto" and "num_cpus" not in inits[-1]
+
+
+def test_ray_runners_and_their_replacements_get_seeds_of_their_own(monkeypatch):
+    """Runner i of a run seeded s starts with a seed of its own, and a replacement runner
+    with one that neither it nor any other runner had (so it does not replay their
+    episodes); the actors reserve run.runner_cpus and are not restarted by Ray."""
+    ray = pytest.importorskip("ray")
+    from lucid.ray_runners import RayCollector
+    made = []
+
+    class Actor:
+        def options(self, **options):
+            made.append(options)
+            return self
+
+        def remote(self, cfg_yaml, index, seed, num_envs):
+            made.append((index, seed, num_envs))
+            return f"runner {index}"
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "remote", lambda cls: Actor())
+    monkeypatch.setattr(ray, "kill", lambda actor: None)
+    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
+                      run={"runners": "ray", "num_runners": 3, "envs_per_runner": 2,
+                           "runner_cpus": 0.5})
+    col = RayCollector(cfg, seed=5)
+    col.start()
+    col._replace(1, RuntimeError("lost with its node"))
+    col._replace(1, RuntimeError("lost with its node"))
+    assert made[0::2] == [{"num_cpus": 0.5, "max_restarts": 0}] * 5
+    starts = made[1::2]
+    assert [(i, n) for i, _, n in starts] == [(0, 2), (1, 2), (2, 2), (1, 2), (1, 2)]
+    seeds = [seed for _, seed, _ in starts]
+    assert len(set(seeds)) == 5 and seeds[0] != 5
+
+
 def test_replay_group_samples_every_part_and_add_chunk_matches_add():
     from lucid.replay import Replay, ReplayGroup
     fields = {"obs/vector": ((1,), np.float32), "action": ((1,), np.float32),
