@@ -115,6 +115,7 @@ def test_a_suite_prefix_without_a_task_is_told_with_an_example_of_its_own():
     assert default_preset("crafter:") == "crafter"
     assert default_preset("atari:") == "default"
     assert default_preset("envpool:CartPole-v1") == "default"
+    assert default_preset("envpool:Hopper-v5") == "default"  # MuJoCo's, not Atari's
 
 
 def test_a_registered_env_that_needs_a_missing_module_names_it():
@@ -943,6 +944,140 @@ def test_envpool_wrapper_matches_raw_envpool_with_the_paper_settings():
             assert not term and trunc == (t == 9)  # a time limit is a truncation
     finally:
         env.close()
+
+
+def test_envpool_atari_settings_are_the_papers():
+    """Every Atari setting, written out here (the test above builds its raw envpool env from
+    ATARI_ENVPOOL_DEFAULTS itself, so it cannot see one of them change)."""
+    pytest.importorskip("envpool", reason="envpool has no wheel for this platform")
+    env = make_env("envpool:Pong-v5")
+    try:
+        cfg = env.unwrapped._pool.config
+        paper = dict(img_height=64, img_width=64, stack_num=1, gray_scale=False, frame_skip=4,
+                     repeat_action_probability=0.25, noop_max=1, full_action_space=True,
+                     use_inter_area_resize=True, episodic_life=False,
+                     zero_discount_on_life_loss=False, reward_clip=False,
+                     max_episode_steps=27_000, use_fire_reset=False)
+        assert {k: cfg[k] for k in paper} == paper
+    finally:
+        env.close()
+
+
+def test_an_envpool_task_other_than_atari_is_passed_through(monkeypatch):
+    """envpool:CartPole-v1 gets no Atari settings and keeps envpool's spaces (a vector, not
+    transposed); a reset with a seed starts as a fresh envpool env with that seed, closing the
+    old one; steps give Python floats and bools and empty infos, and a fall is a
+    termination; options reach envpool; a render_mode is refused."""
+    envpool = pytest.importorskip("envpool", reason="envpool has no wheel for this platform")
+    env = make_env("envpool:CartPole-v1")
+    raw = envpool.make_gymnasium("CartPole-v1", num_envs=1, batch_size=1, seed=3)
+    try:
+        assert env.observation_space == raw.observation_space
+        assert env.action_space == raw.action_space == gym.spaces.Discrete(2)
+        closed = []
+        old = env.unwrapped._pool
+        monkeypatch.setattr(old, "close", lambda: closed.append("old"))
+        obs, info = env.reset(seed=3)
+        raw_obs, _ = raw.reset()
+        assert closed == ["old"] and env.unwrapped._pool is not old
+        assert info == {} and obs.shape == (4,) and np.array_equal(obs, raw_obs[0])
+        for t in range(100):  # always pushing right: the pole falls within 100 steps
+            obs, reward, term, trunc, info = env.step(1)
+            raw_obs, raw_r, raw_term, raw_trunc, _ = raw.step(np.array([1]))
+            assert type(reward) is float and type(term) is bool and type(trunc) is bool
+            assert info == {} and np.array_equal(obs, raw_obs[0])
+            assert (reward, term, trunc) == (float(raw_r[0]), bool(raw_term[0]),
+                                             bool(raw_trunc[0]))
+            if term:
+                break
+        assert term and not trunc
+        monkeypatch.setattr(env.unwrapped._pool, "close", lambda: closed.append("new"))
+        env.close()
+        assert closed == ["old", "new"]
+    finally:
+        raw.close()
+
+    seeded = make_env("envpool:CartPole-v1", seed=3)  # an option: the pool's own seed
+    try:
+        assert np.array_equal(seeded.reset()[0], _envpool_first_obs(envpool, 3))
+    finally:
+        seeded.close()
+    from lucid.envs.envpool import EnvpoolEnv
+    limited = EnvpoolEnv("CartPole-v1", max_episode_steps=5)  # an envpool option
+    try:
+        assert limited._pool.config["max_episode_steps"] == 5
+        limited.reset(seed=0)
+        ends = [limited.step(t % 2)[2:4] for t in range(5)]  # left, right: it stays up
+        assert ends == [(False, False)] * 4 + [(False, True)]
+        assert limited._pool.config["max_episode_steps"] == 5  # also after the reset
+    finally:
+        limited.close()
+    with pytest.raises(ValueError, match="envpool envs do not render"):
+        make_env("envpool:CartPole-v1", render_mode="rgb_array")
+
+
+def _envpool_first_obs(envpool, seed):
+    """The first observation of a fresh envpool CartPole-v1 env seeded `seed`."""
+    raw = envpool.make_gymnasium("CartPole-v1", num_envs=1, batch_size=1, seed=seed)
+    try:
+        return raw.reset()[0][0]
+    finally:
+        raw.close()
+
+
+def test_envpool_mujoco_v5_tasks_are_not_taken_for_atari():
+    """envpool's MuJoCo ids end in -v5 as its Atari games' do: `envpool:Hopper-v5` gets no
+    Atari settings (envpool refused them: a TypeError at construction; nor the atari preset,
+    see above); is_atari agrees with envpool's own registry on every id it has."""
+    pytest.importorskip("envpool", reason="envpool has no wheel for this platform")
+    from envpool.registration import registry
+    env = make_env("envpool:Hopper-v5")
+    try:
+        assert env.observation_space.shape == (11,) and env.action_space.shape == (3,)
+        obs, _ = env.reset(seed=0)
+        assert obs.shape == (11,) and len(env.step(env.action_space.sample())) == 5
+    finally:
+        env.close()
+    from lucid.envs.envpool import is_atari
+    assert {t for t in registry.list_all_envs() if is_atari(t)} == \
+        {t for t in registry.list_all_envs() if registry.specs[t][0] == "envpool.atari"}
+
+
+def test_envpool_pixel_tasks_give_h_x_w_x_c_images():
+    """envpool's MuJoCo/DMC pixel tasks (from_pixels=True) are C x H x W, as its Atari games:
+    they are transposed too, into images lucid takes (it refused the C x H x W ones)."""
+    envpool = pytest.importorskip("envpool", reason="envpool has no wheel for this platform")
+    opts = dict(from_pixels=True, render_width=64, render_height=64)
+    env = make_env("envpool:CartpoleBalance-v1", **opts)
+    raw = envpool.make_gymnasium("CartpoleBalance-v1", num_envs=1, batch_size=1, seed=2, **opts)
+    try:
+        assert env.observation_space == gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+        assert ObsSpec.from_space(env.observation_space).images == {"image": (64, 64, 3)}
+        obs, _ = env.reset(seed=2)
+        raw_obs, _ = raw.reset()
+        assert np.array_equal(obs, raw_obs[0].transpose(1, 2, 0)) and obs.std() > 1
+        obs = env.step(np.zeros(1))[0]
+        assert np.array_equal(obs, raw.step(np.zeros((1, 1)))[0][0].transpose(1, 2, 0))
+    finally:
+        env.close()
+        raw.close()
+
+
+def test_envpool_images_that_are_h_x_w_x_c_already_are_kept():
+    """Only envpool's C x H x W images (Atari's, the pixel tasks') are transposed: CarRacing's
+    96 x 96 x 3 frames keep their space and values."""
+    envpool = pytest.importorskip("envpool", reason="envpool has no wheel for this platform")
+    env = make_env("envpool:CarRacing-v3")
+    raw = envpool.make_gymnasium("CarRacing-v3", num_envs=1, batch_size=1, seed=4)
+    try:
+        assert env.observation_space == raw.observation_space
+        assert env.observation_space.shape == (96, 96, 3)
+        obs, _ = env.reset(seed=4)
+        raw_obs, _ = raw.reset()
+        assert obs.shape == (96, 96, 3) and np.array_equal(obs, raw_obs[0])
+    finally:
+        env.close()
+        raw.close()
 
 
 # --------------------------------------------------------------------------- custom envs

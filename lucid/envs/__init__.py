@@ -143,8 +143,10 @@ def default_preset(env_id: str) -> str:
         suite, task = parse_env_id(env_id)
     except UnknownEnvError:
         return "default"
-    if suite == "envpool" and task.endswith("-v5"):
-        return "atari"  # envpool's Atari ids
+    if suite == "envpool":
+        from .envpool import is_atari
+        if is_atari(task):
+            return "atari"  # envpool's Atari ids
     return SUITES[suite][1] if suite else "default"
 
 
