@@ -398,3 +398,205 @@ def test_cpp_latent_samples_are_the_aten_samples(cpp_kernels, G, K):
                 + (x - cdf.gather(-1, idx[..., None])[..., 0]).clamp(min=0))
         assert miss.max() < 1e-6, float(miss.max())
     assert (got != ref).sum() <= got.numel() // 10_000, int((got != ref).sum())
+
+
+# The cases the comparisons above leave open: rows that two threads split unevenly, strided
+# indices, float64 inputs (the ATen path), the argument checks, exp's accuracy to a few ulp,
+# the row maximum at every position (vector lanes and the scalar tail) and far from 0, and
+# uniforms exactly on a cumulative probability.
+
+@pytest.mark.parametrize("rows", [513, 1001])
+def test_cpp_table_grad_uneven_split_and_strided_indices(cpp_kernels, rows):
+    """Two threads split rows that do not divide evenly (each row counted once), and indices
+    handed over as a transposed view are read as their values, not as their storage."""
+    torch.manual_seed(0)
+    G, K, units = 3, 5, 6
+    idx = (torch.randint(0, K, (G, rows)) + torch.arange(0, G * K, K)[:, None]).t()
+    assert not idx.is_contiguous()
+    grad = torch.randn(rows, units)
+    ref = np.zeros((G * K, units))
+    np.add.at(ref, idx.numpy().ravel(), np.repeat(grad.double().numpy(), G, axis=0))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = kernels.table_grad(idx, grad, G * K)
+    finally:
+        torch.set_num_threads(before)
+    np.testing.assert_allclose(got.double().numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_cpp_table_grad_leaves_float64_to_aten(cpp_kernels):
+    """A float64 gradient takes the index_add_ path (the kernel is float32 only)."""
+    torch.manual_seed(0)
+    rows, G, K, units = 300, 2, 3, 4
+    idx = torch.randint(0, K, (rows, G)) + torch.arange(0, G * K, K)
+    table = torch.randn(G * K, units, dtype=torch.float64, requires_grad=True)
+    g_out = torch.randn(rows, units, dtype=torch.float64)
+    assert kernels.table_grad(idx, g_out, G * K) is None
+    (grad,) = torch.autograd.grad(gather_sum(idx, table), table, g_out)
+    onehot = torch.zeros(rows, G * K, dtype=torch.float64).scatter_(1, idx, 1.0)
+    torch.testing.assert_close(grad, onehot.t() @ g_out)
+
+
+def test_cpp_kernels_check_their_arguments(cpp_kernels):
+    m = kernels.module()
+    with pytest.raises(RuntimeError, match="must share rows"):
+        m.table_grad(torch.zeros(8, 2, dtype=torch.long), torch.zeros(6, 3), 4)
+    with pytest.raises(RuntimeError, match="odd number of bins"):
+        m.twohot_softmax_mean(torch.zeros(3, 16), torch.linspace(-1, 1, 10), 10, False)
+    with pytest.raises(RuntimeError, match="odd number of bins"):
+        m.twohot_softmax_mean(torch.zeros(3, 16), torch.linspace(-1, 1, 17), 17, False)
+    with pytest.raises(RuntimeError, match="unimix_sample"):
+        m.unimix_sample(torch.zeros(3, 4), torch.zeros(2), 0.01)
+
+
+def test_cpp_twohot_heads_outside_the_kernels_reach_take_aten():
+    """Bins not symmetric about 0 or an even number of them: TwoHot keeps the ATen mean
+    (the kernel's pairwise sum needs bins[m] = 0 in the middle) and gives numpy's."""
+    torch.manual_seed(0)
+    logits = torch.randn(5, 12) * 2
+    kernels.enable(True)
+    try:
+        for th in (TwoHot(11, -3.0, 5.0), TwoHot(12, -5.0, 5.0)):
+            x = logits[:, :th.num_bins]
+            p = np.exp(x.double().numpy())
+            p /= p.sum(-1, keepdims=True)
+            avg = p @ th.bins(x).double().numpy()
+            ref = np.sign(avg) * np.expm1(np.abs(avg))  # symexp
+            np.testing.assert_allclose(th.mean(x).numpy(), ref, rtol=1e-5, atol=1e-6)
+    finally:
+        kernels.enable(False)
+
+
+@pytest.mark.parametrize("width,n", [(256, 255), (41, 41), (11, 11)])
+def test_cpp_twohot_exp_is_within_a_few_ulp(cpp_kernels, width, n):
+    """probs[k] / probs[argmax] is exp(l_k - max l) (the kernel's exp of the max's 0 is 1):
+    against float64 exp of the same float32 differences over the whole range it keeps."""
+    torch.manual_seed(0)
+    rows = 64
+    d = -torch.rand(rows, width) * 87.0  # l - max over [-87, 0]
+    d[:, 0] = 0.0
+    logits = d + 3.0
+    bins = TwoHot(n, -5.0, 5.0).bins(logits)
+    probs, _ = nets.twohot_softmax_mean(logits, bins, True)
+    diff = (logits - logits.amax(-1, keepdim=True)).double().numpy()  # the kernel's float32 l - mx
+    ratio = probs.double().numpy() / probs[:, :1].double().numpy()
+    ref = np.exp(diff)
+    keep = ref > 1e-30  # below: near or under the float32 normal range, flushed to 0 below -87.3
+    np.testing.assert_allclose(ratio[keep], ref[keep], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("width,n", [(256, 255), (255, 255), (41, 41), (11, 11), (5, 5)])
+def test_cpp_twohot_max_at_any_position_and_far_from_zero(cpp_kernels, width, n):
+    """One logit 100 above the others at each position in turn (vector lanes and the scalar
+    tail), the whole row offset by 1000: the softmax is numpy's (the kernel's row maximum is
+    the right one, or exp overflows or everything underflows)."""
+    torch.manual_seed(0)
+    logits = torch.randn(width, width) + 1000.0
+    logits += torch.eye(width) * 100.0
+    bins = TwoHot(n, -5.0, 5.0).bins(logits)
+    probs, avg = nets.twohot_softmax_mean(logits, bins, True)
+    x = logits.double().numpy()
+    e = np.exp(x - x.max(-1, keepdims=True))
+    ref_p = e / e.sum(-1, keepdims=True)
+    np.testing.assert_allclose(probs.numpy(), ref_p, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(avg.numpy(), ref_p[:, :n] @ bins.double().numpy(), rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("K", [4, 11, 16])
+def test_cpp_latent_samples_with_the_max_at_any_position(cpp_kernels, K):
+    """One logit 200 above the others at each position (and every logit offset by 1000), u
+    high in the last 1% of the mass: the drawn class is the one the float64 inverse CDF
+    gives, after the spike (not the spike, as an overflowed exp would give)."""
+    torch.manual_seed(0)
+    logits = torch.randn(K, K) + 1000.0 + torch.eye(K) * 200.0
+    u = torch.full((K, 1), 0.9999)
+    got = nets.unimix_index(logits, 0.01, u)
+    cdf = (torch.softmax(logits.double(), -1) * 0.99 + 0.01 / K).cumsum(-1)
+    ref = (cdf < 0.9999).sum(-1).clamp(max=K - 1)
+    assert torch.equal(got, ref)
+    assert (ref > torch.arange(K)).sum() >= K - 2  # beyond the spike for most positions
+
+
+@pytest.mark.parametrize("K", [4, 16])
+def test_cpp_latent_sample_at_a_cumulative_probability_is_the_class_it_closes(cpp_kernels, K):
+    """u equal to a cumulative probability (exact here: equal logits, no unimix, K a power of
+    2) draws the class whose interval that value closes, as searchsorted's left side: the
+    number of cumulative sums below u."""
+    logits = torch.zeros(K - 1, K)
+    u = (torch.arange(1, K) / K)[:, None]  # 1/K, 2/K, ... (K-1)/K
+    got = nets.unimix_index(logits, 0.0, u)
+    assert torch.equal(got, torch.arange(K - 1))
+    kernels.enable(False)
+    assert torch.equal(nets.unimix_index(logits, 0.0, u), got)
+
+
+def test_cpp_latent_samples_take_float64_uniforms(cpp_kernels):
+    """Uniforms in float64 (as a caller may draw them) are taken as float32, like the ATen path."""
+    torch.manual_seed(0)
+    logits = torch.randn(50, 3, 7)
+    u = torch.rand(50, 3, 1, dtype=torch.float64)
+    got = nets.unimix_index(logits, 0.01, u)
+    kernels.enable(False)
+    assert torch.equal(got, nets.unimix_index(logits, 0.01, u))
+
+
+def test_cpp_twohot_exp_reduces_to_the_nearest_power_of_two(cpp_kernels):
+    """exp(x) = 2^k exp(r) with k the nearest integer to x / ln 2 (|r| <= ln 2 / 2, where the
+    polynomial holds ~1 ulp), checked where x / ln 2 lies just below an integer: k rounded
+    down instead would leave r near ln 2, 2-3 ulp too low there (a bias of -1.4e-7)."""
+    k = torch.arange(1, 121, dtype=torch.float64)
+    frac = torch.linspace(0.60, 0.69, 64, dtype=torch.float64)
+    d = (-(k[:, None] * np.log(2)) + frac[None, :]).reshape(-1)
+    d = d[d > -87].float()
+    width = 256
+    rows = -(-d.numel() // (width - 1))
+    fill = torch.full((rows * (width - 1) - d.numel(),), -1000.0)
+    logits = torch.zeros(rows, width)  # column 0: the max, exp 1
+    logits[:, 1:] = torch.cat([d, fill]).reshape(rows, width - 1)
+    probs, _ = nets.twohot_softmax_mean(logits, TwoHot(255, -5.0, 5.0).bins(logits), True)
+    ratio = probs.double().numpy() / probs[:, :1].double().numpy()
+    ref = np.exp(logits.double().numpy())
+    keep = ref > 1e-30
+    rel = ratio[keep] / ref[keep] - 1
+    assert keep.sum() > 6000
+    assert np.abs(rel).max() < 2e-7 and abs(rel.mean()) < 3e-8, (np.abs(rel).max(), rel.mean())
+
+
+def test_cpp_kernels_leave_float64_logits_to_aten(cpp_kernels):
+    """The kernels take float32 only: float64 logits keep the ATen paths (as the table
+    gradient does), with their dtype, instead of failing the kernels' checks."""
+    torch.manual_seed(0)
+    th = TwoHot()
+    x = torch.randn(3, 255, dtype=torch.float64)
+    logits = torch.randn(40, 3, 5, dtype=torch.float64)
+    u = torch.rand(40, 3, 1)
+    got_mean, got_idx = th.mean(x), nets.unimix_index(logits, 0.01, u)
+    kernels.enable(False)
+    assert got_mean.dtype == torch.float64
+    torch.testing.assert_close(got_mean, th.mean(x))
+    assert torch.equal(got_idx, nets.unimix_index(logits, 0.01, u))
+
+
+def test_cpp_twohot_and_samples_take_strided_logits(cpp_kernels):
+    """Logits handed over as transposed views, and far below 0 (every logit under -88: the
+    row maximum is the row's, not a bound of 0), give the contiguous copies' results."""
+    torch.manual_seed(0)
+    th = TwoHot(41, -5.0, 5.0)
+    logits = torch.randn(41, 30).t() - 1000.0  # (30, 41), strided
+    assert not logits.is_contiguous()
+    probs, avg = nets.twohot_softmax_mean(logits, th.bins(logits), True)
+    x = logits.double().numpy()
+    e = np.exp(x - x.max(-1, keepdims=True))
+    ref_p = e / e.sum(-1, keepdims=True)
+    np.testing.assert_allclose(probs.numpy(), ref_p, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(avg.numpy(), ref_p @ th.bins(logits).double().numpy(),
+                               rtol=1e-5, atol=1e-5)
+    flat = torch.randn(16, 300).t() * 3 - 1000.0  # (300, 16) rows of K = 16, strided
+    u = torch.rand(300)
+    got = nets.unimix_sample(flat, u, 0.01)
+    assert torch.equal(got, nets.unimix_sample(flat.contiguous(), u, 0.01))
+    cdf = (torch.softmax(flat.double(), -1) * 0.99 + 0.01 / 16).cumsum(-1)
+    ref = (cdf < u.double()[:, None]).sum(-1).clamp(max=15)
+    assert (got != ref).sum() <= 1
