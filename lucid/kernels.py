@@ -343,9 +343,12 @@ def build():
 _enabled = False
 
 
-def enabled() -> bool:
-    """Whether lucid's C++ kernels are in use in this process (`enable`)."""
-    return _enabled
+def enabled(logits: torch.Tensor | None = None) -> bool:
+    """Whether lucid's C++ kernels are in use in this process (`enable`) and, given `logits`,
+    take them: CPU tensors of float32, or half ones (read as float32); not float64."""
+    return _enabled and (logits is None or (
+        logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16,
+                                                         torch.float16)))
 
 
 def module():

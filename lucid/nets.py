@@ -114,13 +114,11 @@ class TwoHot:
         return probs, symexp(avg)
 
     def _fused(self, logits: torch.Tensor) -> bool:
-        """Whether the C++ softmax-and-mean applies: enabled, on CPU, float32 logits (or
-        half ones, taken as float32), bins symmetric about an exact 0 (the pairwise mean) and
-        no gradient wanted."""
+        """Whether the C++ softmax-and-mean applies: enabled for these logits (CPU, not
+        float64), bins symmetric about an exact 0 (the pairwise mean) and no gradient
+        wanted."""
         self._check_width(logits)
-        return (kernels.enabled() and logits.device.type == "cpu"
-                and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
-                and self.num_bins % 2 == 1 and self.low == -self.high
+        return (kernels.enabled(logits) and self.num_bins % 2 == 1 and self.low == -self.high
                 and not (torch.is_grad_enabled() and logits.requires_grad))
 
     def mean_of(self, probs: torch.Tensor) -> torch.Tensor:
@@ -250,9 +248,7 @@ def unimix_index(logits: torch.Tensor, unimix: float, u: torch.Tensor) -> torch.
     latents), in one C++ pass per (row, group) with `train.cpp_kernels` in eager updates.
     Compiled graphs keep the ATen ops, which inductor fuses with their neighbours (the
     opaque kernel was not faster there: 0.98x at mini, docs/performance.md)."""
-    if (kernels.enabled() and logits.device.type == "cpu"
-            and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and not torch.compiler.is_compiling()):
+    if kernels.enabled(logits) and not torch.compiler.is_compiling():
         flat = fp32(logits).reshape(-1, logits.shape[-1])
         return unimix_sample(flat, u.reshape(-1).to(torch.float32),
                              float(unimix)).reshape(logits.shape[:-1])
