@@ -251,6 +251,19 @@ def cpp_kernels():
     kernels.enable(False)
 
 
+def _table_grads(idx, grad, table_rows: int, threads: int, calls: int = 1):
+    """`calls` results of kernels.table_grad on `threads` threads, and the same sum by numpy's
+    unbuffered np.add.at in float64."""
+    ref = np.zeros((table_rows, grad.shape[1]))
+    np.add.at(ref, idx.numpy().ravel(), np.repeat(grad.double().numpy(), idx.shape[1], axis=0))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return [kernels.table_grad(idx, grad, table_rows) for _ in range(calls)], ref
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("rows,G,K,units", [(7, 3, 5, 4), (1000, 4, 6, 9), (15360, 16, 16, 64)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_cpp_table_grad_is_numpys_scatter_add(cpp_kernels, rows, G, K, units, threads):
@@ -259,15 +272,7 @@ def test_cpp_table_grad_is_numpys_scatter_add(cpp_kernels, rows, G, K, units, th
     torch.manual_seed(0)
     idx = torch.randint(0, K, (rows, G)) + torch.arange(0, G * K, K)
     grad = torch.randn(rows, units)
-    ref = np.zeros((G * K, units))
-    np.add.at(ref, idx.numpy().ravel(), np.repeat(grad.double().numpy(), G, axis=0))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        got = kernels.table_grad(idx, grad, G * K)
-        again = kernels.table_grad(idx, grad, G * K)
-    finally:
-        torch.set_num_threads(before)
+    (got, again), ref = _table_grads(idx, grad, G * K, threads, calls=2)
     assert got.dtype == torch.float32 and got.shape == (G * K, units)
     np.testing.assert_allclose(got.double().numpy(), ref, rtol=1e-5, atol=1e-5 * rows ** 0.5)
     assert torch.equal(got, again)
@@ -414,14 +419,7 @@ def test_cpp_table_grad_uneven_split_and_strided_indices(cpp_kernels, rows):
     idx = (torch.randint(0, K, (G, rows)) + torch.arange(0, G * K, K)[:, None]).t()
     assert not idx.is_contiguous()
     grad = torch.randn(rows, units)
-    ref = np.zeros((G * K, units))
-    np.add.at(ref, idx.numpy().ravel(), np.repeat(grad.double().numpy(), G, axis=0))
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        got = kernels.table_grad(idx, grad, G * K)
-    finally:
-        torch.set_num_threads(before)
+    (got,), ref = _table_grads(idx, grad, G * K, threads=2)
     np.testing.assert_allclose(got.double().numpy(), ref, rtol=1e-5, atol=1e-5)
 
 

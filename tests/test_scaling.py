@@ -650,6 +650,12 @@ class _RunnerInitFailed(Exception):
     actor_init_failed = True
 
 
+def _ray_config(**run):
+    """A nano CartPole config with Ray runners and these run.* settings."""
+    return make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
+                       run={"runners": "ray", **run})
+
+
 def test_ray_runner_replacement_counts_failures_in_a_row_and_resets_the_runners_state(
         monkeypatch):
     """_replace(), without Ray actors (the actors it starts and kills are names): a replaced
@@ -659,8 +665,7 @@ def test_ray_runner_replacement_counts_failures_in_a_row_and_resets_the_runners_
     ray = pytest.importorskip("ray")
     from lucid.ray_runners import RayCollector
     from lucid.runner import EnvError
-    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
-                      run={"runners": "ray", "num_runners": 2, "max_runner_restarts": 7})
+    cfg = _ray_config(num_runners=2, max_runner_restarts=7)
     col = RayCollector(cfg, seed=3)
     started, killed = [], []
     monkeypatch.setattr(col, "_start", lambda i: started.append(i) or f"runner {i}.{len(started)}")
@@ -741,6 +746,13 @@ def _fake_ray_pool(monkeypatch, cfg, scripts, order):
     return col, started, puts
 
 
+class _Learner:
+    """What the pool reads of the learner's agent: its update count and the weights it sends."""
+
+    def __init__(self):
+        self.updates, self.wm, self.actor = 0, torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+
+
 class _Replay:
     def __init__(self):
         self.parts = []
@@ -753,12 +765,9 @@ def test_a_ray_runner_gets_new_weights_once_weight_sync_every_updates_are_made(m
     """With run.weight_sync_every=3, a runner acting for the learner gets the weights with
     its first task and then again exactly when the learner has made 3 updates since its copy
     (not 4); prefill tasks carry none, and each version's weights are put in Ray once."""
-    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
-                      run={"runners": "ray", "num_runners": 1, "envs_per_runner": 1,
-                           "runner_chunk": 4, "weight_sync_every": 3})
+    cfg = _ray_config(num_runners=1, envs_per_runner=1, runner_chunk=4, weight_sync_every=3)
     col, runners, puts = _fake_ray_pool(monkeypatch, cfg, {0: [[]]}, [0] * 9)
-    agent = type("Agent", (), {"updates": 0, "wm": torch.nn.Linear(2, 2),
-                               "actor": torch.nn.Linear(2, 1)})()
+    agent = _Learner()
     replay = _Replay()
     assert col.collect(None, replay) == (4, [])  # prefill: random actions, no weights
     for updates in range(8):
@@ -772,9 +781,7 @@ def test_ray_runners_env_restarts_are_summed_over_runners_and_replacements(monke
     """Each runner reports its envs' restarts so far; the learner's count (the run's
     train/env_restarts) is the sum of every runner's increments, and a replacement runner's
     count, which starts from 0 again, adds to it rather than being taken for a decrease."""
-    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
-                      run={"runners": "ray", "num_runners": 2, "envs_per_runner": 1,
-                           "runner_chunk": 3, "max_runner_restarts": 5})
+    cfg = _ray_config(num_runners=2, envs_per_runner=1, runner_chunk=3, max_runner_restarts=5)
     scripts = {0: [[1, 1, 3, "die"], [1, 2]], 1: [[0, 2, 2]]}
     col, runners, _ = _fake_ray_pool(monkeypatch, cfg, scripts, [0, 1, 0, 1, 0, 0, 0, 1])
     replay, counts = _Replay(), []
@@ -794,9 +801,7 @@ def test_ray_runner_metrics_cover_the_chunks_and_time_since_the_last_row(monkeyp
     from lucid import ray_runners
     clock = [100.0]
     monkeypatch.setattr(ray_runners, "time", type("Clock", (), {"time": lambda: clock[0]}))
-    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
-                      run={"runners": "ray", "num_runners": 1, "envs_per_runner": 1,
-                           "runner_chunk": 2, "weight_sync_every": 1})
+    cfg = _ray_config(num_runners=1, envs_per_runner=1, runner_chunk=2, weight_sync_every=1)
     col, _, _ = _fake_ray_pool(monkeypatch, cfg, {0: [[]]}, [0] * 6)
     ray = pytest.importorskip("ray")
     answer = ray.wait
@@ -806,8 +811,7 @@ def test_ray_runner_metrics_cover_the_chunks_and_time_since_the_last_row(monkeyp
         return answer(refs, num_returns)
 
     monkeypatch.setattr(ray, "wait", wait)
-    agent = type("Agent", (), {"updates": 0, "wm": torch.nn.Linear(2, 2),
-                               "actor": torch.nn.Linear(2, 1)})()
+    agent = _Learner()
     replay = _Replay()
 
     def collect(updates):  # after 3 s of learning
@@ -840,13 +844,11 @@ def test_a_local_ray_instance_gets_the_cpus_its_runners_reserve(monkeypatch):
                       ({"num_runners": 1, "runner_cpus": 0.25}, 1),
                       ({"num_runners": 2, "runner_cpus": 2.0}, 4),
                       ({"num_runners": 2, "ray_num_cpus": 5}, 5)):
-        cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
-                          run={"runners": "ray", **run})
+        cfg = _ray_config(**run)
         col = RayCollector(cfg)
         col._init_ray()
         assert inits[-1]["num_cpus"] == cpus and col.started_ray, run
-    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
-                      run={"runners": "ray", "num_runners": 2, "ray_address": "auto"})
+    cfg = _ray_config(num_runners=2, ray_address="auto")
     RayCollector(cfg)._init_ray()
     assert inits[-1]["address"] == "auto" and "num_cpus" not in inits[-1]
 
@@ -871,9 +873,7 @@ def test_ray_runners_and_their_replacements_get_seeds_of_their_own(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "remote", lambda cls: Actor())
     monkeypatch.setattr(ray, "kill", lambda actor: None)
-    cfg = make_config("default", env={"id": "CartPole-v1"}, model={"size": "nano"},
-                      run={"runners": "ray", "num_runners": 3, "envs_per_runner": 2,
-                           "runner_cpus": 0.5})
+    cfg = _ray_config(num_runners=3, envs_per_runner=2, runner_cpus=0.5)
     col = RayCollector(cfg, seed=5)
     col.start()
     col._replace(1, RuntimeError("lost with its node"))
