@@ -61,6 +61,22 @@ def imagined_weights(cont: torch.Tensor, gamma: float) -> torch.Tensor:
     return torch.cumprod(gamma * cont, 0) / gamma
 
 
+def percentiles(x: torch.Tensor, qs: tuple[float, ...]) -> list[torch.Tensor]:
+    """Percentiles of all of x (qs in [0, 1]), interpolated linearly between the two nearest
+    sorted values, as numpy's default and torch.quantile; NaN if x holds a NaN. One sort; the
+    positions follow from x's size alone, so nothing is read back to the host (torch.quantile
+    checks its q tensor on the host in some torch versions)."""
+    s = x.detach().flatten().float().sort().values  # NaN sorts last
+    nan = torch.isnan(s[-1])
+    n, out = s.numel(), []
+    for q in qs:
+        i, frac = divmod(q * (n - 1), 1.0)
+        i = int(i)
+        v = s[i] if frac == 0 else s[i] + frac * (s[min(i + 1, n - 1)] - s[i])
+        out.append(torch.where(nan, s[-1], v))
+    return out
+
+
 class ReturnNorm(nn.Module):
     """EMA of the low/high percentiles of λ-returns; scale S = max(min_scale, high - low)."""
 
@@ -69,13 +85,13 @@ class ReturnNorm(nn.Module):
         super().__init__()
         self.decay, self.min_scale = decay, min_scale
         # The percentiles are settings, not state: a resume takes the config's.
-        self.register_buffer("q", torch.tensor([low / 100.0, high / 100.0]), persistent=False)
+        self.q = (low / 100.0, high / 100.0)
         self.register_buffer("low", torch.zeros(()))
         self.register_buffer("high", torch.zeros(()))
 
     @torch.no_grad()
     def update(self, returns: torch.Tensor) -> None:
-        lo, hi = torch.quantile(returns.detach().flatten().float(), self.q.to(returns.device))
+        lo, hi = percentiles(returns, self.q)
         ok = torch.isfinite(lo) & torch.isfinite(hi)  # a non-finite batch leaves the EMA as is
         self.low.copy_(torch.where(ok, self.decay * self.low + (1 - self.decay) * lo, self.low))
         self.high.copy_(torch.where(ok, self.decay * self.high + (1 - self.decay) * hi, self.high))

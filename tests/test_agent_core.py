@@ -1260,13 +1260,13 @@ def test_loaded_return_norm_keeps_its_ema_and_takes_this_configs_percentiles():
     state = saved.state_dict()
     edited = make_agent(DISCRETE, seed=5, return_norm_low=10.0, return_norm_high=80.0)
     edited.load_state_dict(state)
-    assert edited.retnorm.q.tolist() == pytest.approx([0.10, 0.80])
+    assert edited.retnorm.q == pytest.approx((0.10, 0.80))
     assert torch.equal(edited.retnorm.low, saved.retnorm.low) and saved.retnorm.low != 0
     assert torch.equal(edited.retnorm.high, saved.retnorm.high)
     # a checkpoint that stored the percentiles (before they became settings) still loads
     state["modules"]["return_norm"]["q"] = torch.tensor([0.05, 0.95])
     edited.load_state_dict(state)
-    assert edited.retnorm.q.tolist() == pytest.approx([0.10, 0.80])
+    assert edited.retnorm.q == pytest.approx((0.10, 0.80))
 
 
 def test_load_into_other_size_or_space_raises():

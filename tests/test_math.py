@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lucid.behavior import (ReturnNorm, episode_ends, imagined_weights, lambda_return,
+from lucid.behavior import (ReturnNorm, episode_ends, percentiles, imagined_weights, lambda_return,
                             replay_lambda_return)
 from lucid.nets import (LN_EPS, ImageDecoder, ImageEncoder, NormGRUCell, TwoHot, _init_conv,
                         categorical_index, categorical_kl, linear, onehot_sample, symexp, symlog,
@@ -540,6 +540,26 @@ def test_imagined_weights_loop():
 
 
 # --------------------------------------------------------------------------- return norm
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 100, 1031])
+def test_percentiles_match_numpy(n):
+    rng = np.random.default_rng(n)
+    x = rng.normal(0, 3, n).astype(np.float32)
+    x[: n // 3] = x[0]  # ties
+    qs = (0.0, 0.05, 0.25, 0.5, 0.95, 0.999, 1.0, float(rng.random()))
+    got = [v.item() for v in percentiles(torch.tensor(x).reshape(-1, 1), qs)]
+    np.testing.assert_allclose(got, np.percentile(x.astype(np.float64), [100 * q for q in qs]),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_percentiles_of_non_finite_values():
+    x = torch.arange(21.0)
+    x[-1] = float("inf")  # the 95th percentile falls exactly on 19: not blended with inf
+    lo, hi, top = percentiles(x, (0.05, 0.95, 0.975))
+    assert (lo.item(), hi.item(), top.item()) == (1.0, 19.0, float("inf"))
+    x[3] = float("nan")  # any NaN makes every percentile NaN, as np.percentile and quantile
+    assert all(torch.isnan(v) for v in percentiles(x, (0.0, 0.05, 0.5)))
 
 
 @pytest.mark.parametrize("min_scale", [1.0, 1e-8])
