@@ -85,6 +85,15 @@ torch::Tensor table_grad(torch::Tensor idx, torch::Tensor grad, int64_t table_ro
 // exactly 0). One pass over each row, which stays in cache, instead of separate passes for
 // the max, the exponentials, the normalisation and the mean.
 
+// Off: the portable loops below even where the CPU has AVX2 and FMA (tests run both).
+static bool simd = true;
+
+bool set_simd(bool on) {
+  const bool before = simd;
+  simd = on;
+  return before;
+}
+
 static inline float exp_scalar(float x) { return x < -87.33654f ? 0.0f : std::exp(x); }
 
 // A row with a NaN or with an infinite max gets NaN, as softmax gives (never a silent 0).
@@ -274,7 +283,7 @@ std::vector<torch::Tensor> twohot_softmax_mean(torch::Tensor logits, torch::Tens
   float* pr = with_probs ? probs.data_ptr<float>() : nullptr;
   float* mu = mean.data_ptr<float>();
 #if defined(__x86_64__) && defined(__GNUC__)
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 = simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
   at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
     std::vector<float> e(width);
@@ -302,7 +311,7 @@ torch::Tensor unimix_sample(torch::Tensor logits, torch::Tensor u, double unimix
   int64_t* out = idx.data_ptr<int64_t>();
   const float a = (float)unimix;
 #if defined(__x86_64__) && defined(__GNUC__)
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 = simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
   at::parallel_for(0, rows, 256, [&](int64_t r0, int64_t r1) {
     std::vector<float> e(K);
@@ -330,7 +339,7 @@ def build():
         try:
             _module = load_inline("lucid_kernels", cpp_sources=_SOURCE,
                                   functions=["table_grad", "twohot_softmax_mean",
-                                             "unimix_sample"],
+                                             "unimix_sample", "set_simd"],
                                   extra_cflags=_FLAGS)
         except Exception as e:  # a missing compiler or headers
             raise RuntimeError(
@@ -362,6 +371,14 @@ def enable(on: bool = True) -> None:
     if on:
         build()
     _enabled = on
+
+
+def use_simd(on: bool = True) -> bool:
+    """Whether the softmax/two-hot and sampling kernels take their AVX2 loops where the CPU
+    has AVX2 and FMA (the default) or the portable ones that other CPUs run (for tests);
+    returns the previous setting. table_grad's loop is one source compiled per instruction
+    set, chosen by the CPU alone."""
+    return build().set_simd(on)
 
 
 def table_grad(idx: torch.Tensor, grad: torch.Tensor, rows: int) -> torch.Tensor | None:

@@ -243,11 +243,14 @@ def test_agent_sets_the_encoder_layout_from_the_config():
 # --------------------------------------------------------------------------- train.cpp_kernels
 
 
-@pytest.fixture
-def cpp_kernels():
-    """lucid's C++ kernels, enabled for one test (built at the first test that asks)."""
+@pytest.fixture(params=["avx2", "portable"])
+def cpp_kernels(request):
+    """lucid's C++ kernels, enabled for one test (built at the first test that asks), with
+    their AVX2 loops and again with the portable ones that CPUs without AVX2 and FMA run."""
     kernels.enable(True)
+    kernels.use_simd(request.param == "avx2")
     yield kernels
+    kernels.use_simd(True)
     kernels.enable(False)
 
 
@@ -482,6 +485,20 @@ def test_cpp_twohot_exp_is_within_a_few_ulp(cpp_kernels, width, n):
     ref = np.exp(diff)
     keep = ref > 1e-30  # below: near or under the float32 normal range, flushed to 0 below -87.3
     np.testing.assert_allclose(ratio[keep], ref[keep], rtol=1e-6, atol=0)
+
+
+def test_cpp_twohot_keeps_probabilities_down_to_the_smallest_normal_float(cpp_kernels):
+    """Logits up to 87 below the row's max keep their probability (e^-87 = 1.6e-38, still a
+    normal float32), in the vector lanes and the scalar tail; from 87.34 below (where float
+    exp leaves the normal range) the kernels give exactly 0, where ATen gives denormals."""
+    gaps = [0.0, -80.0, -84.0, -86.0, -87.0, -87.5, -90.0, -104.0]
+    logits = torch.tensor(gaps * 2 + gaps[:3])[None]  # 19 wide: two vectors and a tail of 3
+    probs, _ = nets.twohot_softmax_mean(logits, TwoHot(19, -1.0, 1.0).bins(logits), True)
+    x = logits.double().numpy()[0]
+    ref = np.exp(x) / np.exp(x).sum()
+    kept = x >= -87.0
+    np.testing.assert_allclose(probs.numpy()[0][kept], ref[kept], rtol=1e-5, atol=0)
+    assert (probs.numpy()[0][~kept] == 0.0).all()
 
 
 @pytest.mark.parametrize("width,n", [(256, 255), (255, 255), (41, 41), (11, 11), (5, 5)])
