@@ -41,15 +41,19 @@ _SOURCE = r"""
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-static void add_rows(const float* grad, const int64_t* idx, float* table, int64_t r0,
-                     int64_t r1, int64_t groups, int64_t units) {
+static bool add_rows(const float* grad, const int64_t* idx, float* table, int64_t r0,
+                     int64_t r1, int64_t groups, int64_t units, int64_t table_rows) {
+  bool ok = true;  // false: an index outside the table, skipped (the caller raises)
   for (int64_t r = r0; r < r1; ++r) {
     const float* src = grad + r * units;
     for (int64_t g = 0; g < groups; ++g) {
-      float* __restrict__ dst = table + idx[r * groups + g] * units;
+      const uint64_t k = (uint64_t)idx[r * groups + g];
+      if (k >= (uint64_t)table_rows) { ok = false; continue; }
+      float* __restrict__ dst = table + k * units;
       for (int64_t u = 0; u < units; ++u) dst[u] += src[u];
     }
   }
+  return ok;
 }
 
 // table_grad[idx[r, g]] += grad[r]: idx (rows, groups) int64 in [0, table_rows), grad
@@ -67,11 +71,14 @@ torch::Tensor table_grad(torch::Tensor idx, torch::Tensor grad, int64_t table_ro
   const float* g = grad.data_ptr<float>();
   const int64_t* ix = idx.data_ptr<int64_t>();
   float* t = tables.data_ptr<float>();
+  std::vector<char> ok(parts, 1);
   at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p)
-      add_rows(g, ix, t + p * table_rows * units, rows * p / parts, rows * (p + 1) / parts,
-               groups, units);
+      ok[p] = add_rows(g, ix, t + p * table_rows * units, rows * p / parts,
+                       rows * (p + 1) / parts, groups, units, table_rows);
   });
+  for (int64_t p = 0; p < parts; ++p)
+    TORCH_CHECK(ok[p], "table_grad: an index outside [0, ", table_rows, ")");
   if (parts == 1) return tables[0];
   auto out = tables[0].clone();
   for (int64_t p = 1; p < parts; ++p) out.add_(tables[p]);  // in thread order

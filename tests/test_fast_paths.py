@@ -449,6 +449,18 @@ def test_cpp_kernels_check_their_arguments(cpp_kernels):
         m.twohot_softmax_mean(torch.zeros(3, 16), torch.linspace(-1, 1, 17), 17, False)
     with pytest.raises(RuntimeError, match="unimix_sample"):
         m.unimix_sample(torch.zeros(3, 4), torch.zeros(2), 0.01)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # two parts of 300 rows: the index is in the second
+    try:
+        for bad in (4, -1):  # an index outside the table, on either side
+            idx = torch.zeros(600, 2, dtype=torch.long)
+            idx[-1, 1] = bad
+            with pytest.raises(RuntimeError, match=r"an index outside \[0, 4\)"):
+                m.table_grad(idx, torch.ones(600, 3), 4)
+        idx[-1, 1] = 3  # the same call in range
+        assert m.table_grad(idx, torch.ones(600, 3), 4)[3].tolist() == [1.0, 1.0, 1.0]
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_cpp_twohot_heads_outside_the_kernels_reach_take_aten():
