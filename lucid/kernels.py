@@ -151,7 +151,11 @@ static void rows_sample(const float* logits, const float* u, int64_t* idx, float
   for (int64_t r = r0; r < r1; ++r) {
     const float* l = logits + r * K;
     float mx = l[0];
-    for (int64_t k = 1; k < K; ++k) mx = l[k] > mx ? l[k] : mx;
+    bool nan = false;
+    for (int64_t k = 0; k < K; ++k) { mx = l[k] > mx ? l[k] : mx; nan |= l[k] != l[k]; }
+    // A NaN logit or an infinite max: softmax's probabilities are all NaN, and ATen's
+    // inverse CDF (searchsorted, clamped) gives the last class.
+    if (nan || !std::isfinite(mx)) { idx[r] = K - 1; continue; }
     float s = 0.0f;
     for (int64_t k = 0; k < K; ++k) { e[k] = exp_scalar(l[k] - mx); s += e[k]; }
     idx[r] = inverse_cdf(e, s, u[r], K, a);
@@ -256,10 +260,16 @@ LUCID_AVX2 static void rows_sample_avx2(const float* logits, const float* u, int
   const int64_t k8 = K / 8 * 8;
   for (int64_t r = r0; r < r1; ++r) {
     const float* l = logits + r * K;
-    __m256 vmax = _mm256_set1_ps(-INFINITY);
-    for (int64_t k = 0; k < k8; k += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(l + k));
+    __m256 vmax = _mm256_set1_ps(-INFINITY), vnan = _mm256_setzero_ps();
+    for (int64_t k = 0; k < k8; k += 8) {
+      const __m256 v = _mm256_loadu_ps(l + k);
+      vmax = _mm256_max_ps(vmax, v);
+      vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
     float mx = hmax8(vmax);
-    for (int64_t k = k8; k < K; ++k) mx = l[k] > mx ? l[k] : mx;
+    bool nan = _mm256_movemask_ps(vnan) != 0;
+    for (int64_t k = k8; k < K; ++k) { mx = l[k] > mx ? l[k] : mx; nan |= l[k] != l[k]; }
+    if (nan || !std::isfinite(mx)) { idx[r] = K - 1; continue; }  // as rows_sample
     const float s = exp_row_avx2(l, mx, e, K);
     // p = e / s * (1 - a) + a / K, rounded as inverse_cdf's scalar steps (no fused multiply-add)
     const __m256 vsum = _mm256_set1_ps(s), keep = _mm256_set1_ps(1.0f - a),

@@ -546,6 +546,24 @@ def test_cpp_latent_samples_with_the_max_at_any_position(cpp_kernels, K):
     assert (ref > torch.arange(K)).sum() >= K - 2  # beyond the spike for most positions
 
 
+@pytest.mark.parametrize("K", [4, 11, 16])
+def test_cpp_latent_samples_of_non_finite_logits_are_atens(cpp_kernels, K):
+    """A NaN logit anywhere (vector lanes, tail), a +inf logit, or all -inf: ATen's softmax
+    makes the row NaN and its inverse CDF draws the last class; the kernels draw the same
+    (the other rows as before)."""
+    torch.manual_seed(0)
+    logits = torch.randn(K + 3, K)
+    for k in range(K):
+        logits[k, k] = float("nan")
+    logits[K, K // 2] = float("inf")
+    logits[K + 1] = float("-inf")  # row K + 2 stays finite
+    u = torch.rand(K + 3, 1)
+    got = nets.unimix_index(logits, 0.01, u)
+    kernels.enable(False)
+    assert torch.equal(got, nets.unimix_index(logits, 0.01, u))
+    assert (got[:K + 2] == K - 1).all()
+
+
 @pytest.mark.parametrize("K", [4, 16])
 def test_cpp_latent_sample_at_a_cumulative_probability_is_the_class_it_closes(cpp_kernels, K):
     """u equal to a cumulative probability (exact here: equal logits, no unimix, K a power of
