@@ -142,13 +142,16 @@ def test_graphed_updates_equal_eager_updates(monkeypatch, obs, gather, train):
     eager, batch = _agent(obs, device="cuda", onehot_gather=gather,
                           precision=train.get("precision", "fp32"))
     graphed, _ = _agent(obs, device="cuda", onehot_gather=gather, cuda_graph=True, **train)
-    rel = 1e-3 if train.get("precision", "fp32") == "fp32" else 3e-2
+    # bf16 and compiled kernels round in other places: 3% of a metric, or 0.01 near 0 (the
+    # actor's loss and advantages are near 0 at the start).
+    tol = {"rel": 1e-3, "abs": 1e-5} if train.get("precision", "fp32") == "fp32" else \
+        {"rel": 3e-2, "abs": 1e-2}
     g = torch.Generator(device="cuda").manual_seed(1)
     for i in range(4):
         b = {**batch, "reward": torch.randn(batch["reward"].shape, device="cuda", generator=g)}
         m_e, m_g = eager.train(b), graphed.train(b)
         for k in m_e:
-            assert m_g[k] == pytest.approx(m_e[k], rel=rel, abs=rel / 100), (i, k)
+            assert m_g[k] == pytest.approx(m_e[k], **tol), (i, k)
     assert graphed.updates == eager.updates == 4
     # Adam moves a parameter by up to ~lr per step whatever its gradient's size, so a
     # gradient near 0 whose sign differs by rounding (another cuBLAS algorithm under capture)
