@@ -13,8 +13,9 @@
 #      minutes (compiled + graphed in bf16 when that test passed, else graphed when the
 #      dense graph tests passed): the env steps at which the mean of the last 10 training
 #      returns first reaches 450, if it does
-#   4. with the time left: eager bf16 (S, XL; vector) for the ratios, then compiled + graphed
-#      in fp32 at S
+#   4. with the time left: eager bf16 (S, XL; vector) for the ratios, compiled + graphed in
+#      fp32 at S, then a profile of the largest size's update (top operators by kernel time,
+#      eager and compiled: benchmarks/profile_step.py)
 # then a summary table against the targets (bf16: S <= 25 ms, XL <= 75 ms per update,
 # XL peak memory <= 9 GiB).
 #
@@ -208,6 +209,20 @@ EOF
 bench eager "$END" 60 "$SIZES" --obs vector --precision bf16 --peak-n 0
 bench compiled_graph_fp32 "$END" 120 "${SIZES%% *}" --obs vector --precision fp32 \
   --peak-n "$PEAK_N" --compile "${GRAPH[@]}"
+# where the largest size's time goes: the top operators by kernel time, eager and compiled
+# (no graph: the profiler's view of a replayed graph is one launch), into the log and details
+for mode in eager compiled; do
+  left=$((END - $(date +%s)))
+  [ "$left" -lt 45 ] && { log "profile $mode: skipped, ${left}s left"; continue; }
+  log "profile ${SIZES##* } vector bf16 $mode"
+  extra=""
+  [ "$mode" = compiled ] && extra="train.compile=true"
+  # shellcheck disable=SC2086
+  timeout $((left - 5)) "$PY" benchmarks/profile_step.py --device "$DEVICE" \
+    --size "${SIZES##* }" --batch "$BATCH" --length "$LENGTH" --precision bf16 --top 30 \
+    --set train.onehot_gather=false $extra --json "$WORK/gpu_profile_$mode.json" 2>&1 \
+    | grep -v "^STAGE:\|^USDT:"
+done
 
 # ------------------------------------------------------------------ summary
 log "summary"

@@ -37,3 +37,25 @@ def test_ab_refuses_a_tree_without_lucid(tmp_path):
          "--variant", f"b=--tree {tmp_path}"], timeout=60)
     assert run.returncode == 2
     assert "holds no lucid/__init__.py" in run.stderr and "git worktree add" in run.stderr
+
+
+def test_profile_step_lists_the_updates_operators_by_time(tmp_path):
+    """benchmarks/profile_step.py at nano: the operators of a profiled update, the slowest
+    first, with shares of the profiled total and call counts per update."""
+    out = tmp_path / "prof.json"
+    run = run_grouped(
+        [sys.executable, str(ROOT / "benchmarks" / "profile_step.py"), "--size", "nano",
+         "--batch", "2", "--length", "4", "--threads", "1", "--warmup", "1", "--iters", "2",
+         "--top", "40", "--json", str(out)], timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    prof = json.loads(out.read_text())
+    ops = prof["ops"]
+    assert prof["time"] == "cpu" and len(ops) == 40 and prof["total_ms_per_update"] > 0
+    times = [o["ms_per_update"] for o in ops]
+    assert times == sorted(times, reverse=True) and times[-1] >= 0
+    assert 0 < sum(o["share"] for o in ops) <= 1 + 1e-9
+    names = {o["name"]: o for o in ops}
+    assert "Optimizer.step#Adam.step" in names  # three optimisers, one step each per update
+    assert names["Optimizer.step#Adam.step"]["calls_per_update"] == 3
+    assert any(n in names for n in ("aten::mm", "aten::addmm", "aten::linear"))
+    assert "ms/update" in run.stdout
