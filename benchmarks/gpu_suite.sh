@@ -226,10 +226,10 @@ done
 
 # ------------------------------------------------------------------ summary
 log "summary"
-"$PY" - "$OUTDIR" "$WORK" <<'EOF'
+"$PY" - "$OUTDIR" <<'EOF'
 import json, sys
 from pathlib import Path
-out, work = Path(sys.argv[1]), Path(sys.argv[2])
+out = Path(sys.argv[1])
 rows = []
 for name in ("compiled_graph", "graph", "eager", "compiled_graph_fp32"):
     p = out / f"gpu_train_step_{name}.json"
