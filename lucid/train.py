@@ -84,6 +84,17 @@ _FIXED_ON_RESUME = ("model", "env.id", "env.num_envs", "run.runners", "run.num_r
                     "run.envs_per_runner")
 
 
+def gpu_speed_note(cfg: Config, device: torch.device) -> str | None:
+    """On a CUDA device without train.cuda_graph: the settings that were fastest on a GPU
+    (docs/performance.md), which are not yet its defaults."""
+    t = cfg.train
+    if device.type != "cuda" or t.cuda_graph:
+        return None
+    return ("on a GPU, train.compile=true train.cuda_graph=true train.precision=bf16 "
+            "train.onehot_gather=false made an update 7-10x faster on an H200 at size S "
+            "(docs/performance.md: GPU results); they are not yet the defaults there")
+
+
 def check_resumable(saved: Config, cfg: Config, where: Path) -> None:
     """Refuse a resume whose config.yaml changed what the checkpoint and replay were built
     for, naming every changed key, before anything is loaded."""
@@ -700,6 +711,8 @@ class Trainer:
                   f"{t.train_ratio:g} call for {steps * t.train_ratio:g} replayed steps, fewer "
                   f"than the {self._replayed_per_update()} of one update, so no update will be "
                   f"made; raise --steps or train.train_ratio, or lower train.batch_size")
+        if c["env_steps"] == 0 and (gpu := gpu_speed_note(cfg, self.device)):
+            print(f"note: {gpu}")
         if (c["env_steps"] == 0 and not a.is_discrete and not a.is_continuous
                 and t.continuous_grad == "dynamics"):
             print("note: the action space has discrete and Box actions, so the actor learns "

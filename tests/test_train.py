@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lucid.config import ConfigError, make_config
-from lucid.train import Trainer
+from lucid.train import Trainer, gpu_speed_note
 
 
 def _cfg(tmp_path, **over):
@@ -264,6 +264,24 @@ def test_a_run_whose_train_ratio_calls_for_no_update_says_so(tmp_path, capsys):
     with Trainer(_cfg(tmp_path / "b", train=over, run={"steps": 36})) as tr:
         tr.run()
     assert "no update" not in capsys.readouterr().out and tr.counters["updates"] == 1
+
+
+def test_a_gpu_run_without_the_graph_is_told_the_fastest_gpu_settings(tmp_path, capsys):
+    """On CUDA without train.cuda_graph the note names the settings that were fastest on the
+    H200; with the graph, or on a CPU, nothing is said; the trainer says it before a run."""
+    cuda = torch.device("cuda")
+    note = gpu_speed_note(make_config("default"), cuda)
+    assert "train.compile=true train.cuda_graph=true train.precision=bf16 " \
+           "train.onehot_gather=false" in note
+    assert gpu_speed_note(make_config("default", train={"cuda_graph": True},
+                                      run={"device": "cuda"}), cuda) is None
+    assert gpu_speed_note(make_config("default"), torch.device("cpu")) is None
+    with Trainer(_cfg(tmp_path / "a", run={"steps": 20})) as tr:
+        tr._notes()
+        assert "on a GPU" not in capsys.readouterr().out
+        tr.device = cuda  # what the notes before a run read of a GPU learner
+        tr._notes()
+        assert f"note: {note}" in capsys.readouterr().out
 
 
 def _saving(tr) -> list:
