@@ -5,17 +5,17 @@
 #      bf16, eager and compiled; a non-finite batch is skipped inside the graph) and the
 #      prefetcher on CUDA (same batches as plain sampling; the learner's wait per batch)
 #   2. train_step: benchmarks/train_step.py on cuda, B=16 T=64, bf16, discrete actions, sizes
-#      S and XL, vector and 64x64x3 image inputs, dense one-hot layers: compiled and captured
+#      XL and S, vector and 64x64x3 image inputs, dense one-hot layers: compiled and captured
 #      as one CUDA graph (train.compile + train.cuda_graph, the fastest at S on 2026-12-04),
 #      then the graph alone; FLOPs, TFLOP/s against the bf16 matmul peak measured in the
-#      same run, peak memory
+#      same run, peak memory; then a profile of the largest size's update (the top operators
+#      by kernel time, eager and compiled: benchmarks/profile_step.py)
 #   3. learning: lucid train CartPole-v1 --preset paper-cartpole --device cuda for LEARN_MIN
 #      minutes (compiled + graphed in bf16 when that test passed, else graphed when the
 #      dense graph tests passed): the env steps at which the mean of the last 10 training
 #      returns first reaches 450, if it does
 #   4. with the time left: eager bf16 (S, XL; vector) for the ratios, compiled + graphed in
-#      fp32 at S, then a profile of the largest size's update (top operators by kernel time,
-#      eager and compiled: benchmarks/profile_step.py)
+#      fp32 at S
 # then a summary table against the targets (bf16: S <= 25 ms, XL <= 75 ms per update,
 # XL peak memory <= 9 GiB).
 #
@@ -24,7 +24,7 @@
 # Runs with the machine's python3 (a CUDA torch). omegaconf and gymnasium, if missing there,
 # are installed from wheels in .whl/ (gitignored; docs/performance.md: "The GPU suite" says how
 # to fetch them and carry them). Knobs (environment): PY, SUITE_BUDGET_S (total, default 550),
-# LEARN_MIN (3), ITERS (timed updates per configuration, 10), LEARN_ARGS (extra overrides),
+# LEARN_MIN (2.5), ITERS (timed updates per configuration, 10), LEARN_ARGS (extra overrides),
 # and for a dry run without a GPU: DEVICE (cuda), SIZES ("S XL"), BATCH (16), LENGTH (64),
 # PEAK_N (8192), e.g.
 #   DEVICE=cpu SIZES=nano BATCH=4 LENGTH=8 ITERS=1 PEAK_N=256 LEARN_MIN=0.2 \
@@ -39,7 +39,7 @@ WORK=$(mktemp -d /tmp/gpu_suite.XXXX)  # logs and details: packed into one archi
 mkdir -p "$OUTDIR"
 exec > >(tee "$WORK/gpu_suite.log") 2>&1
 BUDGET=${SUITE_BUDGET_S:-550}
-LEARN_MIN=${LEARN_MIN:-3}
+LEARN_MIN=${LEARN_MIN:-2.5}
 ITERS=${ITERS:-10}
 DEVICE=${DEVICE:-cuda}
 SIZES=${SIZES:-S XL}
@@ -154,9 +154,25 @@ bench() {  # name, deadline, per-configuration timeout, sizes, train_step.py arg
     --json "$dir/gpu_train_step_$name.json" "$@"
 }
 GRAPH=(--set train.cuda_graph=true train.onehot_gather=false)
-bench compiled_graph "$BENCH_END" 200 "$SIZES" --obs vector image --precision bf16 \
+LARGEST_FIRST=$(echo "$SIZES" | tr ' ' '\n' | tac | tr '\n' ' ')  # the XL target first
+# shellcheck disable=SC2086
+bench compiled_graph "$BENCH_END" 200 "$LARGEST_FIRST" --obs vector image --precision bf16 \
   --peak-n "$PEAK_N" --compile "${GRAPH[@]}"
 bench graph "$BENCH_END" 90 "$SIZES" --obs vector image --precision bf16 --peak-n 0 "${GRAPH[@]}"
+# where the largest size's time goes: the top operators by kernel time, eager and compiled
+# (no graph: the profiler's view of a replayed graph is one launch), into the log and details
+for mode in eager compiled; do
+  left=$((BENCH_END - $(date +%s)))
+  [ "$left" -lt 45 ] && { log "profile $mode: skipped, ${left}s left"; continue; }
+  log "profile ${SIZES##* } vector bf16 $mode"
+  extra=""
+  [ "$mode" = compiled ] && extra="train.compile=true"
+  # shellcheck disable=SC2086
+  timeout $((left - 5)) "$PY" benchmarks/profile_step.py --device "$DEVICE" \
+    --size "${SIZES##* }" --batch "$BATCH" --length "$LENGTH" --precision bf16 --top 30 \
+    --set train.onehot_gather=false $extra --json "$WORK/gpu_profile_$mode.json" 2>&1 \
+    | grep -v "^STAGE:\|^USDT:"
+done
 
 # ------------------------------------------------------------------ 3. learning run
 RUN_DIR=/tmp/lucid-gpu-learn-$$
@@ -209,20 +225,6 @@ EOF
 bench eager "$END" 60 "$SIZES" --obs vector --precision bf16 --peak-n 0
 bench compiled_graph_fp32 "$END" 120 "${SIZES%% *}" --obs vector --precision fp32 \
   --peak-n "$PEAK_N" --compile "${GRAPH[@]}"
-# where the largest size's time goes: the top operators by kernel time, eager and compiled
-# (no graph: the profiler's view of a replayed graph is one launch), into the log and details
-for mode in eager compiled; do
-  left=$((END - $(date +%s)))
-  [ "$left" -lt 45 ] && { log "profile $mode: skipped, ${left}s left"; continue; }
-  log "profile ${SIZES##* } vector bf16 $mode"
-  extra=""
-  [ "$mode" = compiled ] && extra="train.compile=true"
-  # shellcheck disable=SC2086
-  timeout $((left - 5)) "$PY" benchmarks/profile_step.py --device "$DEVICE" \
-    --size "${SIZES##* }" --batch "$BATCH" --length "$LENGTH" --precision bf16 --top 30 \
-    --set train.onehot_gather=false $extra --json "$WORK/gpu_profile_$mode.json" 2>&1 \
-    | grep -v "^STAGE:\|^USDT:"
-done
 
 # ------------------------------------------------------------------ summary
 log "summary"
