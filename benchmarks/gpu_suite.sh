@@ -170,7 +170,8 @@ for mode in eager compiled; do
   # shellcheck disable=SC2086
   timeout $((left - 5)) "$PY" benchmarks/profile_step.py --device "$DEVICE" \
     --size "${SIZES##* }" --batch "$BATCH" --length "$LENGTH" --precision bf16 --top 30 \
-    --set train.onehot_gather=false $extra --json "$WORK/gpu_profile_$mode.json" 2>&1 \
+    --set train.onehot_gather=false train.cuda_graph=false $extra \
+    --json "$WORK/gpu_profile_$mode.json" 2>&1 \
     | grep -v "^STAGE:\|^USDT:"
 done
 
@@ -222,7 +223,8 @@ EOF
 
 # ------------------------------------------------------------------ 4. if time is left
 # eager first: it is quick; compiling takes a minute and may not finish in what is left.
-bench eager "$END" 60 "$SIZES" --obs vector --precision bf16 --peak-n 0
+bench eager "$END" 60 "$SIZES" --obs vector --precision bf16 --peak-n 0 \
+  --set train.cuda_graph=false train.onehot_gather=false  # (the graph is CUDA's default)
 bench compiled_graph_fp32 "$END" 120 "${SIZES%% *}" --obs vector --precision fp32 \
   --peak-n "$PEAK_N" --compile "${GRAPH[@]}"
 

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, matmul_peak, peak_rss_mb, write_json  # noqa: E402
 
 from lucid.agent import Agent  # noqa: E402
-from lucid.config import SIZES, make_config  # noqa: E402
+from lucid.config import SIZES, for_device, make_config  # noqa: E402
 from lucid.envs.spaces import ActionSpec, ObsSpec  # noqa: E402
 from lucid.system import tune_malloc  # noqa: E402
 
@@ -136,7 +136,7 @@ def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
     med = statistics.median(times)
     return {"size": size, "obs": obs, "action": action, "B": B, "T": T,
             "horizon": cfg.train.horizon, "device": str(device),
-            "mode": mode_name(compile_, cfg.train.cuda_graph),
+            "mode": mode_name(compile_, agent.config.train.cuda_graph),  # as the device chose
             "precision": precision,
             "ms_median": 1e3 * med, "ms_min": 1e3 * min(times), "ms_max": 1e3 * max(times),
             "first_s": first_s, "updates_per_s": 1 / med, "replayed_steps_per_s": B * T / med,
@@ -220,7 +220,8 @@ def main(argv=None):
                   device, a.compile, a.horizon or None, a.precision[0], a.set)
         print(json.dumps(r))
         return
-    graph = make_config("default", a.set or None).train.cuda_graph  # for the mode column
+    graph = for_device(make_config("default", a.set or None),  # for the mode column
+                       torch.device(a.device).type).train.cuda_graph
 
     peaks = {}
     for prec in a.precision if a.peak_n else []:

@@ -19,7 +19,7 @@ from . import kernels
 from .behavior import (Actor, Critic, ReturnNorm, actor_loss, critic_loss, episode_ends,
                        imagined_weights, lambda_return, replay_critic_loss, replay_lambda_return,
                        uses_reinforce)
-from .config import Config, ConfigError
+from .config import Config, ConfigError, for_device
 from .nets import dense_for
 from .envs.spaces import ActionSpec, ObsSpec
 from .world_model import State, WorldModel
@@ -105,9 +105,11 @@ class Agent:
 
     def __init__(self, obs_spec: ObsSpec, act_spec: ActionSpec, config: Config,
                  device: str | torch.device = "cpu"):
-        self.config = config
-        self.obs_spec, self.act_spec = obs_spec, act_spec
         self.device = torch.device(device)
+        # The settings left to the device (null), chosen for this one (a data-parallel
+        # trainer chose them already: no graph there).
+        self.config = config = for_device(config, self.device.type)
+        self.obs_spec, self.act_spec = obs_spec, act_spec
         m, t = config.model, config.train
         if t.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"train.cuda_graph=true needs a CUDA device, not {self.device}: "

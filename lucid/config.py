@@ -154,7 +154,7 @@ class TrainConfig:
     # optimiser state stay fp32.
     precision: str = "fp32"  # "fp32" or "bf16" (autocast of the update's forward passes)
     prefetch: bool = False  # sample the next batch on a background thread during the update
-    onehot_gather: bool = True  # imagined z as indices: layers gather, no one-hot matmul
+    onehot_gather: Optional[bool] = None  # imagined z as indices, no one-hot matmul (null: CPU)
     channels_last: bool = True  # image encoder convolutions on NHWC memory
     pad_bins: bool = True  # 255-bin heads give 256 logits, the extra one -inf (same distribution)
     # C++ CPU kernels (lucid.kernels: the one-hot layers' table gradient, the 255-bin heads'
@@ -164,7 +164,10 @@ class TrainConfig:
     cpp_kernels: bool = False  # lucid's C++ CPU kernels, built on first use
     # CUDA only: capture the whole update (losses, backward passes, optimiser steps) as one
     # CUDA graph and replay it per batch (lucid.agent.GraphedUpdate); one process, fixed B, T.
-    cuda_graph: bool = False  # replay the update as one captured CUDA graph (GPU only)
+    # Settings left null are chosen for the learner's device (config.for_device): on CUDA the
+    # graph (one process; 3.6x eager in bf16 on an H200 at S) over dense one-hots, slower
+    # there gathered; on a CPU no graph, and gathered one-hots.
+    cuda_graph: Optional[bool] = None  # replay the update as one captured CUDA graph
 
 
 @dataclass
@@ -500,6 +503,23 @@ def _nonfinite(cfg: Config) -> list[str]:
                     and not (f.name.endswith("_clip") and v == math.inf):
                 out.append(f"{section}.{f.name}")
     return out
+
+
+def for_device(cfg: Config, device_type: str, data_parallel: bool = False) -> Config:
+    """`cfg` with the settings it leaves to the learner's device (null) chosen: on CUDA the
+    update is captured as one CUDA graph (not for data-parallel learners) over dense one-hot
+    layers; on a CPU it is not, and the one-hot layers gather. The fastest measured per
+    device (docs/performance.md); the maths is the same either way. A copy when anything was
+    chosen, so a run's config.yaml keeps its nulls for the next device."""
+    t, cuda = cfg.train, device_type == "cuda"
+    chosen = {}
+    if t.cuda_graph is None:
+        chosen["cuda_graph"] = cuda and not data_parallel
+    if t.onehot_gather is None:
+        chosen["onehot_gather"] = not cuda
+    if not chosen:
+        return cfg
+    return dataclasses.replace(cfg, train=dataclasses.replace(t, **chosen))
 
 
 def as_dict(cfg: Config) -> dict:

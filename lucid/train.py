@@ -29,7 +29,7 @@ import yaml
 from . import checkpoint as ckpt
 from .agent import agent_class
 from .config import (RESUME_SETTABLE, Config, ConfigError, as_dict, flatten, from_yaml,
-                     make_config, to_yaml)
+                     for_device, make_config, to_yaml)
 from .envs import (INSTANCE_PREFIX, ActionSpec, ObsSpec, env_fn, env_label, is_file_id,
                    make_env, resolve_env_id)
 from .envs.crafter import AchievementTracker
@@ -84,15 +84,24 @@ _FIXED_ON_RESUME = ("model", "env.id", "env.num_envs", "run.runners", "run.num_r
                     "run.envs_per_runner")
 
 
-def gpu_speed_note(cfg: Config, device: torch.device) -> str | None:
-    """On a CUDA device without train.cuda_graph: the settings that were fastest on a GPU
-    (docs/performance.md), which are not yet its defaults."""
+def gpu_speed_note(cfg: Config, device: torch.device, data_parallel: bool = False) -> str | None:
+    """On a CUDA device, the settings of the fastest update measured on a GPU that `cfg` (as
+    the agent has it: nulls chosen) lacks; compile and bf16 are not yet CUDA's defaults."""
     t = cfg.train
-    if device.type != "cuda" or t.cuda_graph:
+    if device.type != "cuda":
         return None
-    return ("on a GPU, train.compile=true train.cuda_graph=true train.precision=bf16 "
-            "train.onehot_gather=false made an update 7-10x faster on an H200 at size S "
-            "(docs/performance.md: GPU results); they are not yet the defaults there")
+    fast = {"train.compile": (t.compile, True), "train.precision": (t.precision, "bf16"),
+            "train.cuda_graph": (t.cuda_graph, True),
+            "train.onehot_gather": (t.onehot_gather, False)}
+    if data_parallel:  # the graph is for one process
+        del fast["train.cuda_graph"]
+    missing = [f"{k}={str(v).lower()}" for k, (have, v) in fast.items() if have != v]
+    if not missing:
+        return None
+    return (f"on a GPU, {' '.join(missing)} would make the update faster: the fastest measured "
+            f"on an H200 at size S was compiled, graphed and bf16 with dense one-hots, 10.6 ms "
+            f"against 28.4 ms graphed in bf16 and 90.6 ms eager in fp32 (docs/performance.md: "
+            f"GPU results); compile and bf16 are not yet the defaults there")
 
 
 def check_resumable(saved: Config, cfg: Config, where: Path) -> None:
@@ -427,7 +436,10 @@ class Trainer:
         if cfg.run.tune_malloc:
             tune_malloc()
         seed_everything(cfg.run.seed + 7919 * self.rank)
-        self.agent = agent_cls(self.obs_spec, self.act_spec, cfg, self.device)
+        # null settings chosen for the learner's device; self.cfg (config.yaml) keeps them
+        self.agent = agent_cls(self.obs_spec, self.act_spec,
+                               for_device(cfg, self.device.type, data_parallel=bool(self.dist)),
+                               self.device)
         if agent is not None:  # made as this one was (the same draws: runs repeat by seed)
             self.agent = agent
         if learn:  # a network assigned after the optimisers were made would never train
@@ -711,7 +723,8 @@ class Trainer:
                   f"{t.train_ratio:g} call for {steps * t.train_ratio:g} replayed steps, fewer "
                   f"than the {self._replayed_per_update()} of one update, so no update will be "
                   f"made; raise --steps or train.train_ratio, or lower train.batch_size")
-        if c["env_steps"] == 0 and (gpu := gpu_speed_note(cfg, self.device)):
+        if c["env_steps"] == 0 and (gpu := gpu_speed_note(
+                self.agent.config, self.device, data_parallel=bool(self.dist))):
             print(f"note: {gpu}")
         if (c["env_steps"] == 0 and not a.is_discrete and not a.is_continuous
                 and t.continuous_grad == "dynamics"):

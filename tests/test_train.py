@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lucid.config import ConfigError, make_config
+from lucid.config import ConfigError, for_device, make_config
 from lucid.train import Trainer, gpu_speed_note
 
 
@@ -266,22 +266,52 @@ def test_a_run_whose_train_ratio_calls_for_no_update_says_so(tmp_path, capsys):
     assert "no update" not in capsys.readouterr().out and tr.counters["updates"] == 1
 
 
-def test_a_gpu_run_without_the_graph_is_told_the_fastest_gpu_settings(tmp_path, capsys):
-    """On CUDA without train.cuda_graph the note names the settings that were fastest on the
-    H200; with the graph, or on a CPU, nothing is said; the trainer says it before a run."""
+def test_a_gpu_run_is_told_the_fastest_gpu_settings_it_lacks(tmp_path, capsys):
+    """On CUDA the note names the settings of the fastest GPU update that the agent's config
+    lacks (the graph and dense one-hots are CUDA's defaults, compile and bf16 not); with all
+    of them, or on a CPU, nothing is said; the trainer says it before a run."""
     cuda = torch.device("cuda")
-    note = gpu_speed_note(make_config("default"), cuda)
-    assert "train.compile=true train.cuda_graph=true train.precision=bf16 " \
-           "train.onehot_gather=false" in note
-    assert gpu_speed_note(make_config("default", train={"cuda_graph": True},
-                                      run={"device": "cuda"}), cuda) is None
-    assert gpu_speed_note(make_config("default"), torch.device("cpu")) is None
+    fast = {"compile": True, "precision": "bf16", "cuda_graph": True, "onehot_gather": False}
+    note = gpu_speed_note(for_device(make_config("default"), "cuda"), cuda)
+    assert note.startswith("on a GPU, train.compile=true train.precision=bf16 would make")
+    off = make_config("default", train={"cuda_graph": False, "onehot_gather": True},
+                      run={"device": "cuda"})
+    assert "train.compile=true train.precision=bf16 train.cuda_graph=true " \
+           "train.onehot_gather=false would" in gpu_speed_note(off, cuda)
+    assert "cuda_graph" not in gpu_speed_note(off, cuda, data_parallel=True)
+    assert gpu_speed_note(make_config("default", train=fast, run={"device": "cuda"}),
+                          cuda) is None
+    assert gpu_speed_note(for_device(make_config("default"), "cpu"), torch.device("cpu")) \
+        is None
     with Trainer(_cfg(tmp_path / "a", run={"steps": 20})) as tr:
         tr._notes()
         assert "on a GPU" not in capsys.readouterr().out
         tr.device = cuda  # what the notes before a run read of a GPU learner
+        tr.agent.config = for_device(tr.cfg, "cuda")
         tr._notes()
         assert f"note: {note}" in capsys.readouterr().out
+
+
+def test_settings_left_to_the_device_are_chosen_for_the_learners_device(tmp_path):
+    """train.cuda_graph and train.onehot_gather default to null: on CUDA the graph (one
+    process) over dense one-hots, on a CPU neither; set values are kept. The agent gets the
+    choice; the trainer's config (config.yaml) keeps the nulls for the next device."""
+    cfg = make_config("default")
+    assert (cfg.train.cuda_graph, cfg.train.onehot_gather) == (None, None)
+    gpu, cpu = for_device(cfg, "cuda"), for_device(cfg, "cpu")
+    assert (gpu.train.cuda_graph, gpu.train.onehot_gather) == (True, False)
+    assert (cpu.train.cuda_graph, cpu.train.onehot_gather) == (False, True)
+    assert for_device(cfg, "cuda", data_parallel=True).train.cuda_graph is False
+    assert (cfg.train.cuda_graph, cfg.train.onehot_gather) == (None, None)  # a copy
+    assert gpu.train.model_lr == cfg.train.model_lr and gpu.model == cfg.model
+    set_ = make_config("default", train={"onehot_gather": True, "cuda_graph": False})
+    assert for_device(set_, "cuda") is set_  # nothing left to choose
+    with Trainer(_cfg(tmp_path / "a", run={"steps": 20})) as tr:
+        assert (tr.agent.config.train.cuda_graph, tr.agent.config.train.onehot_gather) \
+            == (False, True)
+        assert tr.cfg.train.onehot_gather is None
+    saved = (tmp_path / "a" / "config.yaml").read_text()
+    assert "onehot_gather: null" in saved and "cuda_graph: null" in saved
 
 
 def _saving(tr) -> list:
