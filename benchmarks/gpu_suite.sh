@@ -177,7 +177,7 @@ done
 
 # ------------------------------------------------------------------ 3. learning run
 RUN_DIR=/tmp/lucid-gpu-learn-$$
-LEARN_GRAPH=""
+LEARN_GRAPH="train.cuda_graph=false"  # (the graph is CUDA's default)
 [ "$GRAPH_OK" -eq 0 ] && LEARN_GRAPH="train.cuda_graph=true train.onehot_gather=false"
 [ "$FAST_OK" -eq 0 ] && LEARN_GRAPH="$LEARN_GRAPH train.compile=true train.precision=bf16"
 log "learning: paper-cartpole on $DEVICE for $LEARN_MIN min ($LEARN_GRAPH) -> $RUN_DIR"
