@@ -126,6 +126,10 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
     pytest.param("image", False, {}, id="image-dense"),
     pytest.param("vector", True, {}, id="vector-gather"),
     pytest.param("image", True, {}, id="image-gather"),
+    # Box actions, backpropagation through the dynamics (DMC's case; the graph is CUDA's
+    # default): the imagination with gradients captured too
+    pytest.param("image", False, {"action": "continuous"}, id="image-continuous"),
+    pytest.param("vector", False, {"action": "mixed"}, id="vector-mixed"),
     # bf16: the weight casts captured once per autocast region
     pytest.param("vector", False, {"precision": "bf16"}, id="vector-dense-bf16"),
     pytest.param("vector", False, {"compile": True}, id="vector-dense-compiled"),
@@ -139,9 +143,12 @@ def test_graphed_updates_equal_eager_updates(monkeypatch, obs, gather, train):
     rounds at 3 significant digits, and compiled kernels round in other places)."""
     deterministic_sampling(monkeypatch.setattr)
     torch.backends.cudnn.allow_tf32 = False
-    eager, batch = _agent(obs, device="cuda", onehot_gather=gather, cuda_graph=False,
+    train = dict(train)
+    action = train.pop("action", "discrete")
+    eager, batch = _agent(obs, action, device="cuda", onehot_gather=gather, cuda_graph=False,
                           precision=train.get("precision", "fp32"))
-    graphed, _ = _agent(obs, device="cuda", onehot_gather=gather, cuda_graph=True, **train)
+    graphed, _ = _agent(obs, action, device="cuda", onehot_gather=gather, cuda_graph=True,
+                        **train)
     # bf16 and compiled kernels round in other places: 3% of a metric, or 0.01 near 0 (the
     # actor's loss and advantages are near 0 at the start).
     tol = {"rel": 1e-3, "abs": 1e-5} if train.get("precision", "fp32") == "fp32" else \
