@@ -109,15 +109,21 @@ static void bad_row(float* probs, float* mean, int64_t r, int64_t width) {
   if (probs) for (int64_t k = 0; k < width; ++k) probs[r * width + k] = NAN;
 }
 
+// The max of a row's logits l[k0..n) folded into mx; false when the row holds a NaN or its
+// max is infinite: softmax's probabilities are then all NaN.
+static inline bool row_max(const float* l, int64_t k0, int64_t n, float& mx) {
+  bool nan = false;
+  for (int64_t k = k0; k < n; ++k) { mx = l[k] > mx ? l[k] : mx; nan |= l[k] != l[k]; }
+  return !nan && std::isfinite(mx);
+}
+
 static void rows_twohot(const float* logits, const float* bins, float* probs, float* mean,
                         float* e, int64_t r0, int64_t r1, int64_t width, int64_t n) {
   const int64_t m = n / 2;
   for (int64_t r = r0; r < r1; ++r) {
     const float* l = logits + r * width;
     float mx = l[0];
-    bool nan = false;
-    for (int64_t k = 0; k < width; ++k) { mx = l[k] > mx ? l[k] : mx; nan |= l[k] != l[k]; }
-    if (nan || !std::isfinite(mx)) { bad_row(probs, mean, r, width); continue; }
+    if (!row_max(l, 0, width, mx)) { bad_row(probs, mean, r, width); continue; }
     float s = 0.0f;
     for (int64_t k = 0; k < width; ++k) { e[k] = exp_scalar(l[k] - mx); s += e[k]; }
     float acc = 0.0f;
@@ -151,11 +157,9 @@ static void rows_sample(const float* logits, const float* u, int64_t* idx, float
   for (int64_t r = r0; r < r1; ++r) {
     const float* l = logits + r * K;
     float mx = l[0];
-    bool nan = false;
-    for (int64_t k = 0; k < K; ++k) { mx = l[k] > mx ? l[k] : mx; nan |= l[k] != l[k]; }
-    // A NaN logit or an infinite max: softmax's probabilities are all NaN, and ATen's
-    // inverse CDF (searchsorted, clamped) gives the last class.
-    if (nan || !std::isfinite(mx)) { idx[r] = K - 1; continue; }
+    // A NaN logit or an infinite max: ATen's inverse CDF (searchsorted, clamped) of the NaN
+    // probabilities gives the last class.
+    if (!row_max(l, 0, K, mx)) { idx[r] = K - 1; continue; }
     float s = 0.0f;
     for (int64_t k = 0; k < K; ++k) { e[k] = exp_scalar(l[k] - mx); s += e[k]; }
     idx[r] = inverse_cdf(e, s, u[r], K, a);
@@ -201,6 +205,20 @@ LUCID_AVX2 static inline float hmax8(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
 }
 
+// row_max over a whole row, 8 logits at a time and the tail as row_max.
+LUCID_AVX2 static inline bool row_max_avx2(const float* l, int64_t n, float& mx) {
+  const int64_t n8 = n / 8 * 8;
+  __m256 vmax = _mm256_set1_ps(-INFINITY), vnan = _mm256_setzero_ps();
+  for (int64_t k = 0; k < n8; k += 8) {
+    const __m256 v = _mm256_loadu_ps(l + k);
+    vmax = _mm256_max_ps(vmax, v);
+    vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  mx = hmax8(vmax);
+  const bool ok = row_max(l, n8, n, mx);
+  return ok && _mm256_movemask_ps(vnan) == 0;
+}
+
 // e = exp(l - mx) over a row, returning sum e.
 LUCID_AVX2 static inline float exp_row_avx2(const float* l, float mx, float* e, int64_t width) {
   const int64_t w8 = width / 8 * 8;
@@ -216,6 +234,11 @@ LUCID_AVX2 static inline float exp_row_avx2(const float* l, float mx, float* e, 
   return s;
 }
 
+// The AVX2 loops where the CPU has AVX2 and FMA, unless set_simd(false) asked for the others.
+static bool use_avx2() {
+  return simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
 LUCID_AVX2 static void rows_twohot_avx2(const float* logits, const float* bins, float* probs,
                                         float* mean, float* e, int64_t r0, int64_t r1,
                                         int64_t width, int64_t n) {
@@ -223,16 +246,8 @@ LUCID_AVX2 static void rows_twohot_avx2(const float* logits, const float* bins, 
   const __m256i reverse = _mm256_set_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t r = r0; r < r1; ++r) {
     const float* l = logits + r * width;
-    __m256 vmax = _mm256_set1_ps(-INFINITY), vnan = _mm256_setzero_ps();
-    for (int64_t k = 0; k < w8; k += 8) {
-      const __m256 v = _mm256_loadu_ps(l + k);
-      vmax = _mm256_max_ps(vmax, v);
-      vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    }
-    float mx = hmax8(vmax);
-    bool nan = _mm256_movemask_ps(vnan) != 0;
-    for (int64_t k = w8; k < width; ++k) { mx = l[k] > mx ? l[k] : mx; nan |= l[k] != l[k]; }
-    if (nan || !std::isfinite(mx)) { bad_row(probs, mean, r, width); continue; }
+    float mx;
+    if (!row_max_avx2(l, width, mx)) { bad_row(probs, mean, r, width); continue; }
     const float s = exp_row_avx2(l, mx, e, width);
     // sum_j (e[m+1+j] - e[m-1-j]) bins[m+1+j], 8 j at a time (e[m-8-j .. m-1-j] reversed)
     __m256 va = _mm256_setzero_ps();
@@ -260,16 +275,8 @@ LUCID_AVX2 static void rows_sample_avx2(const float* logits, const float* u, int
   const int64_t k8 = K / 8 * 8;
   for (int64_t r = r0; r < r1; ++r) {
     const float* l = logits + r * K;
-    __m256 vmax = _mm256_set1_ps(-INFINITY), vnan = _mm256_setzero_ps();
-    for (int64_t k = 0; k < k8; k += 8) {
-      const __m256 v = _mm256_loadu_ps(l + k);
-      vmax = _mm256_max_ps(vmax, v);
-      vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    }
-    float mx = hmax8(vmax);
-    bool nan = _mm256_movemask_ps(vnan) != 0;
-    for (int64_t k = k8; k < K; ++k) { mx = l[k] > mx ? l[k] : mx; nan |= l[k] != l[k]; }
-    if (nan || !std::isfinite(mx)) { idx[r] = K - 1; continue; }  // as rows_sample
+    float mx;
+    if (!row_max_avx2(l, K, mx)) { idx[r] = K - 1; continue; }  // as rows_sample
     const float s = exp_row_avx2(l, mx, e, K);
     // p = e / s * (1 - a) + a / K, rounded as inverse_cdf's scalar steps (no fused multiply-add)
     const __m256 vsum = _mm256_set1_ps(s), keep = _mm256_set1_ps(1.0f - a),
@@ -300,7 +307,7 @@ std::vector<torch::Tensor> twohot_softmax_mean(torch::Tensor logits, torch::Tens
   float* pr = with_probs ? probs.data_ptr<float>() : nullptr;
   float* mu = mean.data_ptr<float>();
 #if defined(__x86_64__) && defined(__GNUC__)
-  const bool avx2 = simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 = use_avx2();
 #endif
   at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
     std::vector<float> e(width);
@@ -328,7 +335,7 @@ torch::Tensor unimix_sample(torch::Tensor logits, torch::Tensor u, double unimix
   int64_t* out = idx.data_ptr<int64_t>();
   const float a = (float)unimix;
 #if defined(__x86_64__) && defined(__GNUC__)
-  const bool avx2 = simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 = use_avx2();
 #endif
   at::parallel_for(0, rows, 256, [&](int64_t r0, int64_t r1) {
     std::vector<float> e(K);
