@@ -11,32 +11,28 @@ def quantile_index(probs, u=None):
     return (torch.cumsum(probs.detach(), -1) < 0.5).sum(-1).clamp(max=probs.shape[-1] - 1)
 
 
-def _fixed_noise(actor, *shape: int, device=None):
-    """Actor.noise's layout with fixed values: uniforms 0.5, normals 0.25."""
-    g = len(actor.groups)
-    if not actor.n_box:
-        return torch.full((*shape, g, 1), 0.5, device=device)
-    eps = torch.full((*shape, actor.n_box), 0.25, device=device)
-    return torch.cat([torch.full((*shape, g), 0.5, device=device), eps], -1) if g else eps
-
-
 def deterministic_sampling(patch=setattr):
     """Every sample of the update comes from `nets.categorical_index`: one-hot samples
     (nets.onehot_sample) and imagination's latents (nets.unimix_index, without
-    train.cpp_kernels) draw through it. Box actions (the actor's Normal) take fixed noise, also
-    where the actor draws its own (imagination with gradients through the dynamics)."""
+    train.cpp_kernels) draw through it. Box actions (the actor's Normal) take fixed noise
+    (0.5), also where the actor draws its own (imagination with gradients through the
+    dynamics)."""
     import lucid.behavior
     import lucid.kernels
     import lucid.nets
     if lucid.kernels.enabled():
         raise RuntimeError("deterministic_sampling: train.cpp_kernels samples in C++; turn it off")
     patch(lucid.nets, "categorical_index", quantile_index)
-    actor, sample = lucid.behavior.Actor, lucid.behavior.Actor.sample
+    actor = lucid.behavior.Actor
+    draw, sample = actor.noise, actor.sample
+
+    def fixed_noise(self, *shape: int, device=None):  # Actor.noise's layout, every value 0.5
+        return torch.full_like(draw(self, *shape, device=device), 0.5)
 
     def fixed_sample(self, params, noise=None):
         cats, normal = self._split(params)
         if noise is None and normal is not None:
-            noise = _fixed_noise(self, *normal[0].shape[:-1], device=normal[0].device)
+            noise = fixed_noise(self, *normal[0].shape[:-1], device=normal[0].device)
         return sample(self, params, noise)
-    patch(actor, "noise", _fixed_noise)
+    patch(actor, "noise", fixed_noise)
     patch(actor, "sample", fixed_sample)
