@@ -38,8 +38,10 @@ class HostReads(TorchDispatchMode):
 
 
 def _agent(obs="vector", action="discrete", device="cpu", seed=0, **train):
+    # eager fp32 unless asked (on CUDA, null would choose compiled bf16)
     cfg = make_config("default", model={"size": "nano"},
-                      train={"batch_size": 3, "batch_length": 8, "horizon": 4, **train})
+                      train={"batch_size": 3, "batch_length": 8, "horizon": 4, "compile": False,
+                             "precision": "fp32", **train})
     obs_spec, act_spec = spaces(obs, action)
     torch.manual_seed(seed)
     return Agent(obs_spec, act_spec, cfg, device), batch_for(obs_spec, act_spec, 3, 8, device)
@@ -133,9 +135,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
     # bf16: the weight casts captured once per autocast region
     pytest.param("vector", False, {"precision": "bf16"}, id="vector-dense-bf16"),
     pytest.param("vector", False, {"compile": True}, id="vector-dense-compiled"),
-    # the fastest combination on the H200
-    pytest.param("image", False, {"precision": "bf16", "compile": True},
-                 id="image-dense-bf16-compiled"),
+    # (compiled and bf16 together: the next test)
 ])
 def test_graphed_updates_equal_eager_updates(monkeypatch, obs, gather, train):
     """Same initial parameters, same batches, deterministic sampling: the replayed graph gives
@@ -166,6 +166,37 @@ def test_graphed_updates_equal_eager_updates(monkeypatch, obs, gather, train):
     # above, which every later step depends on, are the strict check.
     for a, b in zip(_state(eager), _state(graphed)):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
+@cuda
+def test_graphed_compiled_bf16_updates_equal_compiled_ones(monkeypatch):
+    """The fastest combination on the H200: compiled, graphed, bf16 (image inputs, dense
+    one-hots). Compiled bf16 kernels round in other places than eager ones, and over updates
+    those differences compound: on the H200 (2026-12-04) the graphed update's metrics were
+    within 3% of eager bf16's for two updates, and the critic's gradient norm 3.4% off at the
+    third. So the graph is checked against the same compiled update without it (the same
+    kernels; deterministic cuDNN), over four updates and at a third of that tolerance; and
+    compiled against eager bf16 on the first update, from the same parameters."""
+    deterministic_sampling(monkeypatch.setattr)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    fast = {"precision": "bf16", "onehot_gather": False}
+    eager, batch = _agent("image", device="cuda", cuda_graph=False, **fast)
+    compiled, _ = _agent("image", device="cuda", cuda_graph=False, compile=True, **fast)
+    graphed, _ = _agent("image", device="cuda", cuda_graph=True, compile=True, **fast)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for i in range(4):
+        b = {**batch, "reward": torch.randn(batch["reward"].shape, device="cuda", generator=g)}
+        m_c, m_g = compiled.train(b), graphed.train(b)
+        for k in m_c:
+            assert m_g[k] == pytest.approx(m_c[k], rel=1e-2, abs=3e-3), (i, k)
+        if i == 0:
+            m_e = eager.train(b)
+            for k in m_e:
+                assert m_c[k] == pytest.approx(m_e[k], rel=3e-2, abs=1e-2), ("eager", k)
+    assert graphed.updates == compiled.updates == 4
+    for a, b in zip(_state(compiled), _state(graphed)):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3)
 
 
 @cuda
