@@ -78,7 +78,9 @@ def main() -> None:
     device = torch.device(a.device)
     cfg = make_config("default", a.set or None, model={"size": a.size},
                       train={"batch_size": a.batch, "batch_length": a.length,
-                             "precision": a.precision}, run={"device": a.device})
+                             "precision": a.precision, "compile": False,
+                             "cuda_graph": False},  # (a replayed graph is one launch)
+                      run={"device": a.device})
     obs_spec, act_spec = spaces(a.obs, a.action)
     torch.manual_seed(0)
     agent = Agent(obs_spec, act_spec, cfg, device)

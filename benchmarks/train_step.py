@@ -106,7 +106,7 @@ def mode_name(compiled: bool, cuda_graph: bool) -> str:
 def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
           horizon: int | None = None, precision: str = "fp32",
           overrides: list[str] | None = None) -> dict:
-    train = {"batch_size": B, "batch_length": T, "precision": precision}
+    train = {"batch_size": B, "batch_length": T, "precision": precision, "compile": False}
     if horizon:
         train["horizon"] = horizon
     cfg = make_config("default", overrides or None, model={"size": size}, train=train)

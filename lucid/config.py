@@ -142,8 +142,9 @@ class TrainConfig:
     # torch.compile the update's loops and nets (observe in chunks of 8 steps, the whole
     # REINFORCE imagination rollout, heads, encoder, decoder, actor and critic); same maths,
     # compiled once per shape (~2.5-5 minutes on a 2-core CPU, less with
-    # train.cpp_wrapper=false; pays at nano-XXS, docs/performance.md).
-    compile: bool = False
+    # train.cpp_wrapper=false; pays at nano-XXS, docs/performance.md; ~1-2 minutes on an
+    # H200). null: chosen for the learner's device (below).
+    compile: Optional[bool] = None
     # train.compile on a CPU: the compiled graphs' wrapper code in C++ instead of Python, so
     # each of their kernel calls costs less host time (mini: 1.09x per update); the first
     # compile takes ~2x as long. GPUs keep the Python wrapper.
@@ -151,8 +152,10 @@ class TrainConfig:
     # Speed switches that keep the maths (docs/performance.md). precision "bf16": the update's
     # matmuls and convolutions run in bf16 under torch.autocast (GPU, or CPUs with bf16 units);
     # norms, GRU state, distributions, KL, two-hot losses, returns and all parameters and
-    # optimiser state stay fp32.
-    precision: str = "fp32"  # "fp32" or "bf16" (autocast of the update's forward passes)
+    # optimiser state stay fp32. null: chosen for the learner's device (below): bf16 on CUDA
+    # when the update is compiled and the GPU has bf16 (eager bf16 was slower than fp32 on an
+    # H200), else fp32.
+    precision: Optional[str] = None  # "fp32", "bf16" (autocast of the forward passes), null
     prefetch: bool = False  # sample the next batch on a background thread during the update
     onehot_gather: Optional[bool] = None  # imagined z as indices, no one-hot matmul (null: CPU)
     channels_last: bool = True  # image encoder convolutions on NHWC memory
@@ -164,9 +167,10 @@ class TrainConfig:
     cpp_kernels: bool = False  # lucid's C++ CPU kernels, built on first use
     # CUDA only: capture the whole update (losses, backward passes, optimiser steps) as one
     # CUDA graph and replay it per batch (lucid.agent.GraphedUpdate); one process, fixed B, T.
-    # Settings left null are chosen for the learner's device (config.for_device): on CUDA the
-    # graph (one process; 3.6x eager in bf16 on an H200 at S) over dense one-hots, slower
-    # there gathered; on a CPU no graph, and gathered one-hots.
+    # Settings left null are chosen for the learner's device (config.for_device): on CUDA
+    # (one process) the update compiled, in bf16 and captured as one graph, over dense
+    # one-hots (on an H200: 10.6 ms at S, 9.6x eager; 37.4 ms at XL); data-parallel CUDA
+    # learners eager in fp32; on a CPU eager, fp32, no graph, and gathered one-hots.
     cuda_graph: Optional[bool] = None  # replay the update as one captured CUDA graph
 
 
@@ -401,7 +405,8 @@ def validate(cfg: Config) -> None:
          "train.replay_capacity must hold at least one batch_length window per env"),
         (t.continuous_grad in ("dynamics", "reinforce"),
          "train.continuous_grad must be 'dynamics' or 'reinforce'"),
-        (t.precision in ("fp32", "bf16"), "train.precision must be 'fp32' or 'bf16'"),
+        (t.precision in (None, "fp32", "bf16"),
+         "train.precision must be 'fp32' or 'bf16' (or null: chosen for the device)"),
         (not t.cuda_graph or cfg.run.device != "cpu",
          "train.cuda_graph=true needs a CUDA device: use --device cuda, or train.cuda_graph=false"),
         (cfg.run.device in ("auto", "cpu", "cuda") or cfg.run.device.startswith("cuda:"),
@@ -505,18 +510,48 @@ def _nonfinite(cfg: Config) -> list[str]:
     return out
 
 
+def cuda_features() -> dict[str, bool]:
+    """What the fastest CUDA update needs beyond the graph: bf16 arithmetic on the GPU (compute
+    capability 8.0 or newer; assumed where CUDA is absent, as when a config is chosen for a GPU
+    on another machine), and what torch.compile's GPU kernels need: triton, and a C compiler
+    with Python's headers (triton builds its kernel launcher with them on first use)."""
+    import os
+    import shutil
+    import sysconfig
+    from pathlib import Path
+    import torch
+    bf16 = not torch.cuda.is_available() or torch.cuda.is_bf16_supported(including_emulation=False)
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    headers = Path(sysconfig.get_paths()["include"], "Python.h").is_file()
+    triton = importlib.util.find_spec("triton") is not None
+    return {"bf16": bf16, "compile": bool(triton and cc and headers)}
+
+
 def for_device(cfg: Config, device_type: str, data_parallel: bool = False) -> Config:
-    """`cfg` with the settings it leaves to the learner's device (null) chosen: on CUDA the
-    update is captured as one CUDA graph (not for data-parallel learners) over dense one-hot
-    layers; on a CPU it is not, and the one-hot layers gather. The fastest measured per
-    device (docs/performance.md); the maths is the same either way. A copy when anything was
-    chosen, so a run's config.yaml keeps its nulls for the next device."""
+    """`cfg` with the settings it leaves to the learner's device (null) chosen, the fastest
+    measured per device (docs/performance.md); the maths is the same either way:
+    - on CUDA, one process: the update captured as one CUDA graph over dense one-hot layers,
+      compiled (where torch.compile can build GPU kernels) and in bf16 (where the GPU has it, and only compiled: eager
+      bf16 was slower than fp32 on the H200); each follows from the one before, so
+      train.cuda_graph=false alone also gives eager fp32;
+    - data-parallel CUDA learners: no graph (it is for one process), eager, fp32;
+    - a CPU: no graph, eager, fp32, and the one-hot layers gather.
+    A copy when anything was chosen, so a run's config.yaml keeps its nulls for the next
+    device."""
     t, cuda = cfg.train, device_type == "cuda"
-    chosen = {}
+    chosen: dict[str, Any] = {}
     if t.cuda_graph is None:
         chosen["cuda_graph"] = cuda and not data_parallel
     if t.onehot_gather is None:
         chosen["onehot_gather"] = not cuda
+    if t.compile is None or t.precision is None:
+        graph = chosen.get("cuda_graph", t.cuda_graph)
+        features = cuda_features() if cuda and graph else {"bf16": False, "compile": False}
+        if t.compile is None:
+            chosen["compile"] = graph and features["compile"]
+        if t.precision is None:
+            compiled = chosen.get("compile", t.compile)
+            chosen["precision"] = "bf16" if compiled and features["bf16"] else "fp32"
     if not chosen:
         return cfg
     return dataclasses.replace(cfg, train=dataclasses.replace(t, **chosen))

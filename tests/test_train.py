@@ -2,6 +2,7 @@ import json
 import math
 import random
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -266,52 +267,132 @@ def test_a_run_whose_train_ratio_calls_for_no_update_says_so(tmp_path, capsys):
     assert "no update" not in capsys.readouterr().out and tr.counters["updates"] == 1
 
 
-def test_a_gpu_run_is_told_the_fastest_gpu_settings_it_lacks(tmp_path, capsys):
-    """On CUDA the note names the settings of the fastest GPU update that the agent's config
-    lacks (the graph and dense one-hots are CUDA's defaults, compile and bf16 not); with all
-    of them, or on a CPU, nothing is said; the trainer says it before a run."""
+def _gpu(monkeypatch, bf16=True, compile_=True):
+    """What for_device sees of a GPU: whether it has bf16, and whether torch.compile can build
+    kernels for it."""
+    import lucid.config
+    monkeypatch.setattr(lucid.config, "cuda_features", lambda: {"bf16": bf16, "compile": compile_})
+
+
+def test_a_gpu_run_is_told_the_fastest_gpu_settings_it_was_set_away_from(tmp_path, capsys,
+                                                                         monkeypatch):
+    """On CUDA the note names the settings of the fastest GPU update (CUDA's defaults) that
+    the agent's config was set away from; with CUDA's defaults, data-parallel, or on a CPU,
+    nothing is said. The trainer says it before a run, and that compiling makes the first
+    update wait."""
+    _gpu(monkeypatch)
     cuda = torch.device("cuda")
-    fast = {"compile": True, "precision": "bf16", "cuda_graph": True, "onehot_gather": False}
-    note = gpu_speed_note(for_device(make_config("default"), "cuda"), cuda)
-    assert note.startswith("on a GPU, train.compile=true train.precision=bf16 would make")
-    off = make_config("default", train={"cuda_graph": False, "onehot_gather": True},
-                      run={"device": "cuda"})
-    assert "train.compile=true train.precision=bf16 train.cuda_graph=true " \
-           "train.onehot_gather=false would" in gpu_speed_note(off, cuda)
-    assert "cuda_graph" not in gpu_speed_note(off, cuda, data_parallel=True)
-    assert gpu_speed_note(make_config("default", train=fast, run={"device": "cuda"}),
-                          cuda) is None
+    assert gpu_speed_note(for_device(make_config("default"), "cuda"), cuda) is None
+    off = for_device(make_config("default", train={"cuda_graph": False, "onehot_gather": True}),
+                     "cuda")
+    note = gpu_speed_note(off, cuda)
+    assert note.startswith("on this GPU, train.compile=true train.precision=bf16 "
+                           "train.cuda_graph=true train.onehot_gather=false (the default")
+    fp32 = for_device(make_config("default", train={"precision": "fp32"}), "cuda")
+    assert gpu_speed_note(fp32, cuda).startswith("on this GPU, train.precision=bf16 (the")
+    assert gpu_speed_note(off, cuda, data_parallel=True) is None
     assert gpu_speed_note(for_device(make_config("default"), "cpu"), torch.device("cpu")) \
         is None
     with Trainer(_cfg(tmp_path / "a", run={"steps": 20})) as tr:
         tr._notes()
-        assert "on a GPU" not in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "on this GPU" not in out and "train.compile=true" not in out
         tr.device = cuda  # what the notes before a run read of a GPU learner
-        tr.agent.config = for_device(tr.cfg, "cuda")
+        tr.agent.config = off
         tr._notes()
         assert f"note: {note}" in capsys.readouterr().out
+        tr.agent.config = for_device(tr.cfg, "cuda")  # CUDA's defaults: compiled
+        tr._notes()
+        out = capsys.readouterr().out
+        assert "on this GPU" not in out
+        assert "note: train.compile=true: the update is compiled before the first one (about " \
+               "1-2 minutes on an H200" in out
+    _gpu(monkeypatch, bf16=False)  # e.g. a V100: fp32 is what it does best
+    assert gpu_speed_note(fp32, cuda) is None
 
 
-def test_settings_left_to_the_device_are_chosen_for_the_learners_device(tmp_path):
-    """train.cuda_graph and train.onehot_gather default to null: on CUDA the graph (one
-    process) over dense one-hots, on a CPU neither; set values are kept. The agent gets the
-    choice; the trainer's config (config.yaml) keeps the nulls for the next device."""
+def test_settings_left_to_the_device_are_chosen_for_the_learners_device(tmp_path, monkeypatch):
+    """train.cuda_graph, train.onehot_gather, train.compile and train.precision default to
+    null. On CUDA (one process): the graph over dense one-hots, compiled where triton is, in
+    bf16 where the GPU has it and the update is compiled; each follows from the one before.
+    Data-parallel CUDA learners and CPUs: eager fp32 without a graph; a CPU gathers. Set
+    values are kept. The agent gets the choice; the trainer's config (config.yaml) keeps the
+    nulls for the next device."""
+    _gpu(monkeypatch)
+    keys = ("cuda_graph", "onehot_gather", "compile", "precision")
+    choice = lambda c: tuple(getattr(c.train, k) for k in keys)  # noqa: E731
     cfg = make_config("default")
-    assert (cfg.train.cuda_graph, cfg.train.onehot_gather) == (None, None)
-    gpu, cpu = for_device(cfg, "cuda"), for_device(cfg, "cpu")
-    assert (gpu.train.cuda_graph, gpu.train.onehot_gather) == (True, False)
-    assert (cpu.train.cuda_graph, cpu.train.onehot_gather) == (False, True)
-    assert for_device(cfg, "cuda", data_parallel=True).train.cuda_graph is False
-    assert (cfg.train.cuda_graph, cfg.train.onehot_gather) == (None, None)  # a copy
+    assert choice(cfg) == (None,) * 4
+    assert choice(for_device(cfg, "cuda")) == (True, False, True, "bf16")
+    assert choice(for_device(cfg, "cpu")) == (False, True, False, "fp32")
+    assert choice(for_device(cfg, "cuda", data_parallel=True)) == (False, False, False, "fp32")
+    assert choice(cfg) == (None,) * 4  # a copy
+    gpu = for_device(cfg, "cuda")
     assert gpu.train.model_lr == cfg.train.model_lr and gpu.model == cfg.model
-    set_ = make_config("default", train={"onehot_gather": True, "cuda_graph": False})
+    for set_, chosen in [({"cuda_graph": False}, (False, False, False, "fp32")),
+                         ({"compile": False}, (True, False, False, "fp32")),
+                         ({"precision": "fp32"}, (True, False, True, "fp32")),
+                         ({"compile": True, "cuda_graph": False}, (False, False, True, "fp32"))]:
+        assert choice(for_device(make_config("default", train=set_), "cuda")) == chosen, set_
+    _gpu(monkeypatch, bf16=False, compile_=False)  # an old GPU, no triton (Windows)
+    assert choice(for_device(cfg, "cuda")) == (True, False, False, "fp32")
+    _gpu(monkeypatch, bf16=False)
+    assert choice(for_device(cfg, "cuda")) == (True, False, True, "fp32")
+    set_ = make_config("default", train=dict(zip(keys, (False, True, False, "bf16"))))
     assert for_device(set_, "cuda") is set_  # nothing left to choose
     with Trainer(_cfg(tmp_path / "a", run={"steps": 20})) as tr:
-        assert (tr.agent.config.train.cuda_graph, tr.agent.config.train.onehot_gather) \
-            == (False, True)
-        assert tr.cfg.train.onehot_gather is None
+        assert choice(tr.agent.config) == (False, True, False, "fp32")
+        assert tr.cfg.train.onehot_gather is None and tr.cfg.train.precision is None
+        tr.run()  # a checkpoint to load below
     saved = (tmp_path / "a" / "config.yaml").read_text()
-    assert "onehot_gather: null" in saved and "cuda_graph: null" in saved
+    for k in keys:
+        assert f"{k}: null" in saved
+    # An agent loaded to act (eval, dream) is not compiled unless asked: the trainer leaves
+    # train.compile to the device only when it learns.
+    import lucid.train
+    asked = []
+    monkeypatch.setattr(lucid.train, "for_device",
+                        lambda c, *a, **k: (asked.append(c.train.compile), for_device(c, *a, **k))[1])
+    with Trainer(make_config("default", run={"steps": 0}), tmp_path / "a", resume=True,
+                 learn=False):
+        pass
+    yaml_path = tmp_path / "a" / "config.yaml"
+    yaml_path.write_text(saved.replace("compile: null", "compile: true"))  # asked for
+    with Trainer(make_config("default", run={"steps": 0}), tmp_path / "a", resume=True,
+                 learn=False):
+        pass
+    with Trainer(_cfg(tmp_path / "b", run={"steps": 20})):
+        pass
+    assert asked == [False, True, None]
+
+
+def test_what_for_device_reads_of_a_gpu(monkeypatch, tmp_path):
+    """cuda_features: bf16 is assumed where CUDA is absent (a config chosen for a GPU
+    elsewhere), else asked of the GPU; compiling needs triton, a C compiler and Python's
+    headers (triton builds its kernel launcher with them)."""
+    import importlib.util
+    import shutil
+    import sysconfig
+    from lucid.config import cuda_features
+    got = cuda_features()
+    if not torch.cuda.is_available():
+        assert got["bf16"]
+    else:
+        assert got["bf16"] == torch.cuda.is_bf16_supported(including_emulation=False)
+    found = importlib.util.find_spec
+    for triton, cc, headers in [(True, True, True), (False, True, True), (True, False, True),
+                                (True, True, False)]:
+        with monkeypatch.context() as m:
+            m.setattr(importlib.util, "find_spec",
+                      lambda name, *a: (object() if triton else None) if name == "triton"
+                      else found(name, *a))
+            m.delenv("CC", raising=False)
+            m.setattr(shutil, "which", lambda name: "/usr/bin/cc" if cc else None)
+            include = sysconfig.get_paths()["include"] if headers else str(tmp_path)
+            m.setattr(sysconfig, "get_paths", lambda: {"include": include})
+            if headers:
+                assert (Path(include) / "Python.h").is_file()  # (a venv of CI's python)
+            assert cuda_features()["compile"] == (triton and cc and headers)
 
 
 def _saving(tr) -> list:
