@@ -156,7 +156,11 @@ class TrainConfig:
     # when the update is compiled and the GPU has bf16 (eager bf16 was slower than fp32 on an
     # H200), else fp32.
     precision: Optional[str] = None  # "fp32", "bf16" (autocast of the forward passes), null
-    prefetch: bool = False  # sample the next batch on a background thread during the update
+    # Sample the next batch on a background thread during the update (the authors' code
+    # prefetches too): a batch may lack the last env step collected. null: on CUDA, where
+    # it took the sampling (1.2-2.8 ms a batch on the H200) out of 10-50 ms updates; off on
+    # a CPU, where sampling is ~0.1% of an update and the thread takes a core.
+    prefetch: Optional[bool] = None  # sample the next batch on a background thread
     onehot_gather: Optional[bool] = None  # imagined z as indices, no one-hot matmul (null: CPU)
     channels_last: bool = True  # image encoder convolutions on NHWC memory
     pad_bins: bool = True  # 255-bin heads give 256 logits, the extra one -inf (same distribution)
@@ -169,8 +173,9 @@ class TrainConfig:
     # CUDA graph and replay it per batch (lucid.agent.GraphedUpdate); one process, fixed B, T.
     # Settings left null are chosen for the learner's device (config.for_device): on CUDA
     # (one process) the update compiled, in bf16 and captured as one graph, over dense
-    # one-hots (on an H200: 10.6 ms at S, 9.6x eager; 37.4 ms at XL); data-parallel CUDA
-    # learners eager in fp32; on a CPU eager, fp32, no graph, and gathered one-hots.
+    # one-hots, batches prefetched (on an H200: 10.6 ms at S, 9.6x eager; 37.4 ms at XL);
+    # data-parallel CUDA learners eager in fp32; on a CPU eager, fp32, no graph, gathered
+    # one-hots, no prefetching.
     cuda_graph: Optional[bool] = None  # replay the update as one captured CUDA graph
 
 
@@ -531,11 +536,13 @@ def for_device(cfg: Config, device_type: str, data_parallel: bool = False) -> Co
     """`cfg` with the settings it leaves to the learner's device (null) chosen, the fastest
     measured per device (docs/performance.md); the maths is the same either way:
     - on CUDA, one process: the update captured as one CUDA graph over dense one-hot layers,
-      compiled (where torch.compile can build GPU kernels) and in bf16 (where the GPU has it, and only compiled: eager
-      bf16 was slower than fp32 on the H200); each follows from the one before, so
-      train.cuda_graph=false alone also gives eager fp32;
-    - data-parallel CUDA learners: no graph (it is for one process), eager, fp32;
-    - a CPU: no graph, eager, fp32, and the one-hot layers gather.
+      compiled (where torch.compile can build GPU kernels) and in bf16 (where the GPU has
+      it, and only compiled: eager bf16 was slower than fp32 on the H200); each follows from
+      the one before, so train.cuda_graph=false alone also gives eager fp32; batches
+      prefetched;
+    - data-parallel CUDA learners: no graph (it is for one process), eager, fp32, batches
+      prefetched;
+    - a CPU: no graph, eager, fp32, the one-hot layers gather, no prefetching.
     A copy when anything was chosen, so a run's config.yaml keeps its nulls for the next
     device."""
     t, cuda = cfg.train, device_type == "cuda"
@@ -544,6 +551,8 @@ def for_device(cfg: Config, device_type: str, data_parallel: bool = False) -> Co
         chosen["cuda_graph"] = cuda and not data_parallel
     if t.onehot_gather is None:
         chosen["onehot_gather"] = not cuda
+    if t.prefetch is None:
+        chosen["prefetch"] = cuda
     if t.compile is None or t.precision is None:
         graph = chosen.get("cuda_graph", t.cuda_graph)
         features = cuda_features() if cuda and graph else {"bf16": False, "compile": False}

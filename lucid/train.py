@@ -85,7 +85,7 @@ _FIXED_ON_RESUME = ("model", "env.id", "env.num_envs", "run.runners", "run.num_r
 
 
 # The settings of the fastest update measured on a GPU (for_device's CUDA choices).
-_GPU_FAST = ("compile", "precision", "cuda_graph", "onehot_gather")
+_GPU_FAST = ("compile", "precision", "cuda_graph", "onehot_gather", "prefetch")
 
 
 def gpu_speed_note(cfg: Config, device: torch.device, data_parallel: bool = False) -> str | None:
@@ -770,7 +770,7 @@ class Trainer:
         self._purge_logs_after = None
         # Batches for the updates: sampled on a background thread with train.prefetch.
         self._batches = Prefetcher(self.replay, cfg.train.batch_size, cfg.train.batch_length,
-                                   self.device, background=cfg.train.prefetch)
+                                   self.device, background=self.agent.config.train.prefetch)
         now = time.time()
         self._session_start = now  # run.time_limit counts from here
 

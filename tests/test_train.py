@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 import random
@@ -312,38 +313,41 @@ def test_a_gpu_run_is_told_the_fastest_gpu_settings_it_was_set_away_from(tmp_pat
 
 
 def test_settings_left_to_the_device_are_chosen_for_the_learners_device(tmp_path, monkeypatch):
-    """train.cuda_graph, train.onehot_gather, train.compile and train.precision default to
-    null. On CUDA (one process): the graph over dense one-hots, compiled where triton is, in
-    bf16 where the GPU has it and the update is compiled; each follows from the one before.
-    Data-parallel CUDA learners and CPUs: eager fp32 without a graph; a CPU gathers. Set
-    values are kept. The agent gets the choice; the trainer's config (config.yaml) keeps the
+    """train.cuda_graph, train.onehot_gather, train.compile, train.precision and
+    train.prefetch default to null. On CUDA (one process): the graph over dense one-hots,
+    compiled where triton is, in bf16 where the GPU has it and the update is compiled; each
+    follows from the one before. Data-parallel CUDA learners and CPUs: eager fp32 without a
+    graph; a CPU gathers. CUDA prefetches batches, a CPU does not. Set values are kept. The agent gets the choice; the trainer's config (config.yaml) keeps the
     nulls for the next device."""
     _gpu(monkeypatch)
-    keys = ("cuda_graph", "onehot_gather", "compile", "precision")
+    keys = ("cuda_graph", "onehot_gather", "compile", "precision", "prefetch")
     choice = lambda c: tuple(getattr(c.train, k) for k in keys)  # noqa: E731
     cfg = make_config("default")
-    assert choice(cfg) == (None,) * 4
-    assert choice(for_device(cfg, "cuda")) == (True, False, True, "bf16")
-    assert choice(for_device(cfg, "cpu")) == (False, True, False, "fp32")
-    assert choice(for_device(cfg, "cuda", data_parallel=True)) == (False, False, False, "fp32")
-    assert choice(cfg) == (None,) * 4  # a copy
+    assert choice(cfg) == (None,) * 5
+    assert choice(for_device(cfg, "cuda")) == (True, False, True, "bf16", True)
+    assert choice(for_device(cfg, "cpu")) == (False, True, False, "fp32", False)
+    assert choice(for_device(cfg, "cuda", data_parallel=True)) \
+        == (False, False, False, "fp32", True)
+    assert choice(cfg) == (None,) * 5  # a copy
     gpu = for_device(cfg, "cuda")
     assert gpu.train.model_lr == cfg.train.model_lr and gpu.model == cfg.model
     for set_, chosen in [({"cuda_graph": False}, (False, False, False, "fp32")),
                          ({"compile": False}, (True, False, False, "fp32")),
                          ({"precision": "fp32"}, (True, False, True, "fp32")),
                          ({"compile": True, "cuda_graph": False}, (False, False, True, "fp32"))]:
-        assert choice(for_device(make_config("default", train=set_), "cuda")) == chosen, set_
+        assert choice(for_device(make_config("default", train=set_), "cuda")) \
+            == (*chosen, True), set_
     _gpu(monkeypatch, bf16=False, compile_=False)  # an old GPU, no triton (Windows)
-    assert choice(for_device(cfg, "cuda")) == (True, False, False, "fp32")
+    assert choice(for_device(cfg, "cuda")) == (True, False, False, "fp32", True)
     _gpu(monkeypatch, bf16=False)
-    assert choice(for_device(cfg, "cuda")) == (True, False, True, "fp32")
-    set_ = make_config("default", train=dict(zip(keys, (False, True, False, "bf16"))))
+    assert choice(for_device(cfg, "cuda")) == (True, False, True, "fp32", True)
+    set_ = make_config("default", train=dict(zip(keys, (False, True, False, "bf16", False))))
     assert for_device(set_, "cuda") is set_  # nothing left to choose
     with Trainer(_cfg(tmp_path / "a", run={"steps": 20})) as tr:
-        assert choice(tr.agent.config) == (False, True, False, "fp32")
+        assert choice(tr.agent.config) == (False, True, False, "fp32", False)
         assert tr.cfg.train.onehot_gather is None and tr.cfg.train.precision is None
         tr.run()  # a checkpoint to load below
+        assert not tr._batches.background  # sampled as the agent's config chose
     saved = (tmp_path / "a" / "config.yaml").read_text()
     for k in keys:
         assert f"{k}: null" in saved
@@ -364,6 +368,12 @@ def test_settings_left_to_the_device_are_chosen_for_the_learners_device(tmp_path
     with Trainer(_cfg(tmp_path / "b", run={"steps": 20})):
         pass
     assert asked == [False, True, None]
+    # The trainer samples on a thread where the agent's config chose it (CUDA): here forced.
+    monkeypatch.setattr(lucid.train, "for_device", lambda c, *a, **k: dataclasses.replace(
+        c, train=dataclasses.replace(for_device(c, *a, **k).train, prefetch=True)))
+    with Trainer(_cfg(tmp_path / "c", run={"steps": 20})) as tr:
+        tr.run()
+        assert tr._batches.background and tr.cfg.train.prefetch is None
 
 
 def test_what_for_device_reads_of_a_gpu(monkeypatch, tmp_path):
