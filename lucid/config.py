@@ -518,18 +518,21 @@ def _nonfinite(cfg: Config) -> list[str]:
 def cuda_features() -> dict[str, bool]:
     """What the fastest CUDA update needs beyond the graph: bf16 arithmetic on the GPU (compute
     capability 8.0 or newer; assumed where CUDA is absent, as when a config is chosen for a GPU
-    on another machine), and what torch.compile's GPU kernels need: triton, and a C compiler
-    with Python's headers (triton builds its kernel launcher with them on first use)."""
+    on another machine), and what torch.compile's GPU kernels need: triton, a GPU it supports
+    (compute capability 7.0 or newer), and a C compiler with Python's headers (triton builds
+    its kernel launcher with them on first use)."""
     import os
     import shutil
     import sysconfig
     from pathlib import Path
     import torch
-    bf16 = not torch.cuda.is_available() or torch.cuda.is_bf16_supported(including_emulation=False)
+    gpu = torch.cuda.is_available()
+    bf16 = not gpu or torch.cuda.is_bf16_supported(including_emulation=False)
+    volta = not gpu or torch.cuda.get_device_capability() >= (7, 0)
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     headers = Path(sysconfig.get_paths()["include"], "Python.h").is_file()
     triton = importlib.util.find_spec("triton") is not None
-    return {"bf16": bf16, "compile": bool(triton and cc and headers)}
+    return {"bf16": bf16, "compile": bool(triton and volta and cc and headers)}
 
 
 def for_device(cfg: Config, device_type: str, data_parallel: bool = False) -> Config:

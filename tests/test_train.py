@@ -378,8 +378,9 @@ def test_settings_left_to_the_device_are_chosen_for_the_learners_device(tmp_path
 
 def test_what_for_device_reads_of_a_gpu(monkeypatch, tmp_path):
     """cuda_features: bf16 is assumed where CUDA is absent (a config chosen for a GPU
-    elsewhere), else asked of the GPU; compiling needs triton, a C compiler and Python's
-    headers (triton builds its kernel launcher with them)."""
+    elsewhere), else asked of the GPU; compiling needs triton, a GPU of compute capability
+    7.0 or newer (assumed likewise), a C compiler and Python's headers (triton builds its
+    kernel launcher with them)."""
     import importlib.util
     import shutil
     import sysconfig
@@ -403,6 +404,13 @@ def test_what_for_device_reads_of_a_gpu(monkeypatch, tmp_path):
             if headers:
                 assert (Path(include) / "Python.h").is_file()  # (a venv of CI's python)
             assert cuda_features()["compile"] == (triton and cc and headers)
+            if triton and cc and headers:  # a Pascal GPU: triton does not build for it
+                m.setattr(torch.cuda, "is_available", lambda: True)
+                m.setattr(torch.cuda, "is_bf16_supported", lambda **k: False)
+                m.setattr(torch.cuda, "get_device_capability", lambda *a: (6, 1))
+                assert cuda_features() == {"bf16": False, "compile": False}
+                m.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))  # a T4
+                assert cuda_features() == {"bf16": False, "compile": True}
 
 
 def _saving(tr) -> list:
