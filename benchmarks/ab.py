@@ -59,16 +59,9 @@ def worker(a: argparse.Namespace, v: argparse.Namespace) -> None:
     from lucid.system import tune_malloc
     if v.malloc == "tuned":
         tune_malloc()
-    from lucid.agent import Agent
-    from lucid.config import make_config
-    from train_step import batch_for, spaces
-    cfg = make_config("default", v.set or None, model={"size": a.size},
-                      train={"batch_size": a.batch, "batch_length": a.length,
-                             "compile": v.compile})
-    obs_spec, act_spec = spaces(a.obs, a.action)
-    torch.manual_seed(0)
-    agent = Agent(obs_spec, act_spec, cfg, "cpu")
-    batch = batch_for(obs_spec, act_spec, a.batch, a.length, "cpu")
+    from train_step import agent_and_batch
+    agent, batch = agent_and_batch(a.size, a.obs, a.action, a.batch, a.length, "cpu", v.set,
+                                   compile=v.compile)
     t0 = time.perf_counter()
     for _ in range(a.warmup):
         agent.train_step(batch)

@@ -26,10 +26,9 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, write_json  # noqa: E402
-from train_step import batch_for, spaces  # noqa: E402
+from train_step import agent_and_batch  # noqa: E402
 
 from lucid.agent import Agent  # noqa: E402
-from lucid.config import make_config  # noqa: E402
 
 
 def profile_updates(agent: Agent, batch: dict, warmup: int, iters: int, top: int) -> dict:
@@ -76,15 +75,9 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     device = torch.device(a.device)
-    cfg = make_config("default", a.set or None, model={"size": a.size},
-                      train={"batch_size": a.batch, "batch_length": a.length,
-                             "precision": a.precision, "compile": False,
-                             "cuda_graph": False},  # (a replayed graph is one launch)
-                      run={"device": a.device})
-    obs_spec, act_spec = spaces(a.obs, a.action)
-    torch.manual_seed(0)
-    agent = Agent(obs_spec, act_spec, cfg, device)
-    batch = batch_for(obs_spec, act_spec, a.batch, a.length, device)
+    agent, batch = agent_and_batch(a.size, a.obs, a.action, a.batch, a.length, device, a.set,
+                                   precision=a.precision, compile=False,
+                                   cuda_graph=False)  # (a replayed graph is one launch)
     out = profile_updates(agent, batch, a.warmup, a.iters, a.top)
     print(f"{a.size} {a.obs} {a.action} {a.precision} B={a.batch} T={a.length} on {device}: "
           f"{out['total_ms_per_update']:.1f} ms of {out['time']} time per profiled update")

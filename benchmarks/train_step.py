@@ -103,17 +103,26 @@ def mode_name(compiled: bool, cuda_graph: bool) -> str:
     return ("compiled" if compiled else "eager") + ("+graph" if cuda_graph else "")
 
 
+def agent_and_batch(size: str, obs: str, action: str, B: int, T: int, device,
+                    overrides: list[str] | None = None, **train) -> tuple[Agent, dict]:
+    """The agent the benchmarks time (the default config at `size` with `train` keys, then
+    `overrides` as KEY=VALUE; the same initial weights every time) and a synthetic batch."""
+    cfg = make_config("default", overrides or None, model={"size": size},
+                      train={"batch_size": B, "batch_length": T, **train},
+                      run={"device": str(device)})
+    obs_spec, act_spec = spaces(obs, action)
+    torch.manual_seed(0)
+    return (Agent(obs_spec, act_spec, cfg, device),
+            batch_for(obs_spec, act_spec, B, T, device))
+
+
 def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
           horizon: int | None = None, precision: str = "fp32",
           overrides: list[str] | None = None) -> dict:
-    train = {"batch_size": B, "batch_length": T, "precision": precision, "compile": False}
+    train = {"precision": precision, "compile": False}  # eager; compiled below (same maths)
     if horizon:
         train["horizon"] = horizon
-    cfg = make_config("default", overrides or None, model={"size": size}, train=train)
-    obs_spec, act_spec = spaces(obs, action)
-    torch.manual_seed(0)
-    agent = Agent(obs_spec, act_spec, cfg, device)  # eager; compiled below (same maths)
-    batch = batch_for(obs_spec, act_spec, B, T, device)
+    agent, batch = agent_and_batch(size, obs, action, B, T, device, overrides, **train)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     flops = count_flops(agent, batch)  # also the eager warm-up
