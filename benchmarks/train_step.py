@@ -144,7 +144,7 @@ def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
             times.append(dt)
     med = statistics.median(times)
     return {"size": size, "obs": obs, "action": action, "B": B, "T": T,
-            "horizon": cfg.train.horizon, "device": str(device),
+            "horizon": agent.config.train.horizon, "device": str(device),
             "mode": mode_name(compile_, agent.config.train.cuda_graph),  # as the device chose
             "precision": precision,
             "ms_median": 1e3 * med, "ms_min": 1e3 * min(times), "ms_max": 1e3 * max(times),

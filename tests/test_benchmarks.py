@@ -1,5 +1,6 @@
-"""benchmarks/ab.py end to end at a tiny shape: worker processes, rounds, ratios, JSON, and a
-variant that imports lucid from another checkout (`--tree`)."""
+"""benchmarks/ end to end at tiny shapes: ab.py (worker processes, rounds, ratios, JSON, and a
+variant that imports lucid from another checkout, `--tree`), profile_step.py and
+train_step.py."""
 
 import json
 import shutil
@@ -59,3 +60,25 @@ def test_profile_step_lists_the_updates_operators_by_time(tmp_path):
     assert names["Optimizer.step#Adam.step"]["calls_per_update"] == 3
     assert any(n in names for n in ("aten::mm", "aten::addmm", "aten::linear"))
     assert "ms/update" in run.stdout
+
+
+def test_train_step_times_each_configuration(tmp_path):
+    """benchmarks/train_step.py at nano, vector and image inputs: one row per configuration
+    with its times, FLOPs (torch's counter), memory and the config it ran (here the horizon
+    set through --set), and the matmul peak measured in the same run."""
+    out = tmp_path / "ts.json"
+    run = run_grouped(
+        [sys.executable, str(ROOT / "benchmarks" / "train_step.py"), "--size", "nano",
+         "--obs", "vector", "image", "--action", "discrete", "--batch", "2", "--length", "4",
+         "--iters", "2", "--warmup", "1", "--peak-n", "64", "--set", "train.horizon=3",
+         "--json", str(out)], timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    res = json.loads(out.read_text())
+    rows = res["results"]
+    assert [(r["obs"], r["mode"]) for r in rows] == [("vector", "eager"), ("image", "eager")]
+    for r in rows:
+        assert "error" not in r, r
+        assert 0 < r["ms_min"] <= r["ms_median"] <= r["ms_max"] and r["iters"] == 2
+        assert r["flops_per_update"] > 0 and r["peak_mem_mb"] > 0 and r["horizon"] == 3
+    assert rows[1]["flops_per_update"] > rows[0]["flops_per_update"]  # + the image CNNs
+    assert res["matmul_peak"]["gflops_median"] > 0 and res["matmul_peak"]["n"] == 64
