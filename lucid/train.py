@@ -102,7 +102,7 @@ def gpu_speed_note(cfg: Config, device: torch.device, data_parallel: bool = Fals
                if getattr(t, k) != getattr(best, k)]
     if not missing:
         return None
-    return (f"on this GPU, {' '.join(missing)} (the default on CUDA) would make the update "
+    return (f"on this GPU, {' '.join(missing)} (the default on CUDA) would make training "
             f"faster: on an H200 the update compiled, graphed and in bf16 with dense one-hots "
             f"took 10.6 ms at size S and 37.4 ms at XL, against 28.4 ms graphed in bf16 and "
             f"90.6 ms eager in fp32 at S (docs/performance.md: GPU results)")
@@ -461,6 +461,13 @@ class Trainer:
         self.agent = agent_cls(self.obs_spec, self.act_spec, chosen, self.device)
         if agent is not None:  # made as this one was (the same draws: runs repeat by seed)
             self.agent = agent
+            t = agent.config.train
+            if learn and cfg.train.compile is None and chosen.train.compile and not t.compile:
+                # Made to act (Dreamer before its first learn()), so not compiled: it learns
+                # as the device chose, compiled and in the precision that goes with it.
+                agent.config = dataclasses.replace(agent.config, train=dataclasses.replace(
+                    t, compile=True, precision=chosen.train.precision))
+                agent._compile()
         if learn:  # a network assigned after the optimisers were made would never train
             self.agent.check_optimisers()
         # A new run's ranks > 0 make their replay (memory-mapped: files in the run directory)

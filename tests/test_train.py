@@ -288,7 +288,8 @@ def test_a_gpu_run_is_told_the_fastest_gpu_settings_it_was_set_away_from(tmp_pat
                      "cuda")
     note = gpu_speed_note(off, cuda)
     assert note.startswith("on this GPU, train.compile=true train.precision=bf16 "
-                           "train.cuda_graph=true train.onehot_gather=false (the default")
+                           "train.cuda_graph=true train.onehot_gather=false (the default on "
+                           "CUDA) would make training faster")
     fp32 = for_device(make_config("default", train={"precision": "fp32"}), "cuda")
     assert gpu_speed_note(fp32, cuda).startswith("on this GPU, train.precision=bf16 (the")
     assert gpu_speed_note(off, cuda, data_parallel=True) is None
@@ -376,6 +377,36 @@ def test_settings_left_to_the_device_are_chosen_for_the_learners_device(tmp_path
         assert tr._batches.background and tr.cfg.train.prefetch is None
 
 
+def test_an_agent_made_to_act_is_compiled_when_it_learns_where_the_device_compiles(
+        tmp_path, monkeypatch):
+    """Dreamer makes its agent with a Trainer that only acts (not compiled) and trains that
+    agent at its first learn(): where the device's choice is to compile (CUDA's), the
+    learning Trainer compiles it, with the precision that goes with it; a train.compile set
+    in the config is left as it is."""
+    import lucid.train
+    from lucid.agent import COMPILE_CHUNK
+    real = lucid.train.for_device
+
+    def compiling_device(c, *a, **k):  # CUDA's choice, on this CPU (no graph: that needs CUDA)
+        got = real(c, *a, **k)
+        if c.train.compile is None:
+            got = dataclasses.replace(got, train=dataclasses.replace(
+                got.train, compile=True, precision="bf16"))
+        return got
+    monkeypatch.setattr(lucid.train, "for_device", compiling_device)
+    for compile_, learns_compiled in [(None, True), (False, False)]:
+        cfg = _cfg(tmp_path / str(compile_), train={"compile": compile_})
+        with Trainer(cfg, learn=False) as acting:
+            agent = acting.agent
+        assert not agent.config.train.compile and agent.config.train.precision == "fp32"
+        assert agent.wm.chunk != COMPILE_CHUNK  # (what Agent._compile sets)
+        with Trainer(cfg, agent=agent) as tr:
+            assert tr.agent is agent
+            assert agent.config.train.compile is learns_compiled
+            assert agent.config.train.precision == ("bf16" if learns_compiled else "fp32")
+            assert (agent.wm.chunk == COMPILE_CHUNK) is learns_compiled
+
+
 def test_what_for_device_reads_of_a_gpu(monkeypatch, tmp_path):
     """cuda_features: bf16 is assumed where CUDA is absent (a config chosen for a GPU
     elsewhere), else asked of the GPU; compiling needs triton, a GPU of compute capability
@@ -397,7 +428,7 @@ def test_what_for_device_reads_of_a_gpu(monkeypatch, tmp_path):
             m.setattr(importlib.util, "find_spec",
                       lambda name, *a: (object() if triton else None) if name == "triton"
                       else found(name, *a))
-            m.delenv("CC", raising=False)
+            m.setenv("CC", "/usr/bin/cc" if cc else "/nowhere/cc")  # a $CC that is not there
             m.setattr(shutil, "which", lambda name: "/usr/bin/cc" if cc else None)
             include = sysconfig.get_paths()["include"] if headers else str(tmp_path)
             m.setattr(sysconfig, "get_paths", lambda: {"include": include})
@@ -411,6 +442,9 @@ def test_what_for_device_reads_of_a_gpu(monkeypatch, tmp_path):
                 assert cuda_features() == {"bf16": False, "compile": False}
                 m.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))  # a T4
                 assert cuda_features() == {"bf16": False, "compile": True}
+                m.setattr(torch.cuda, "is_bf16_supported", lambda: True)  # torch < 2.5
+                m.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+                assert cuda_features() == {"bf16": True, "compile": True}
 
 
 def _saving(tr) -> list:
