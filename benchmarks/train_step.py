@@ -216,6 +216,10 @@ def main(argv=None):
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", default="benchmarks/results/train_step.json")
     a = p.parse_args(argv)
+    named = {item.split("=")[0].strip() for item in a.set}
+    if named & {"train.compile", "train.precision"}:  # the rows are named by the flags
+        p.error("set compile and precision with --compile/--both and --precision, not with "
+                "--set train.compile / train.precision")
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.malloc == "tuned":

@@ -153,8 +153,8 @@ class TrainConfig:
     # matmuls and convolutions run in bf16 under torch.autocast (GPU, or CPUs with bf16 units);
     # norms, GRU state, distributions, KL, two-hot losses, returns and all parameters and
     # optimiser state stay fp32. null: chosen for the learner's device (below): bf16 on CUDA
-    # when the update is compiled and the GPU has bf16 (eager bf16 was slower than fp32 on an
-    # H200), else fp32.
+    # when the update is compiled and graphed and the GPU has bf16 (eager bf16 was slower than
+    # fp32 on an H200), else fp32.
     precision: Optional[str] = None  # "fp32", "bf16" (autocast of the forward passes), null
     # Sample the next batch on a background thread during the update (the authors' code
     # prefetches too): a batch may lack the last env step collected. null: on CUDA, where
@@ -527,9 +527,13 @@ def cuda_features() -> dict[str, bool]:
     from pathlib import Path
     import torch
     gpu = torch.cuda.is_available()
-    bf16 = not gpu or torch.cuda.is_bf16_supported(including_emulation=False)
+    try:
+        bf16 = not gpu or torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # torch < 2.5 has no including_emulation, and no emulation
+        bf16 = torch.cuda.is_bf16_supported()
     volta = not gpu or torch.cuda.get_device_capability() >= (7, 0)
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    cc = next((shutil.which(c) for c in (os.environ.get("CC"), "cc", "gcc", "clang")
+               if c and shutil.which(c)), None)
     headers = Path(sysconfig.get_paths()["include"], "Python.h").is_file()
     triton = importlib.util.find_spec("triton") is not None
     return {"bf16": bf16, "compile": bool(triton and volta and cc and headers)}

@@ -108,8 +108,9 @@ DESCRIPTIONS: dict[str, str] = {
                              "`reinforce` (the 2025 paper); spaces with discrete actions, "
                              "Dict/Tuple spaces of discrete and Box leaves too, always learn "
                              "by REINFORCE",
-    "train.compile": "`true` to compile (see above); `null`: compiled on CUDA (one process, "
-                     "where triton is), else eager",
+    "train.compile": "`true` to compile (see above); `null`: compiled on CUDA when the "
+                     "update is graphed (one process) and torch.compile can build GPU "
+                     "kernels there, else eager",
     "run.seed": "seed of python, numpy and torch (envs and replay derive theirs from it)",
     "run.device": "`auto` (CUDA when torch sees a GPU, else CPU), `cpu`, `cuda` or `cuda:N`",
     "run.run_dir": "where the run is written; `null` = `runs/<env>-<date>-<time>-s<seed>`",
