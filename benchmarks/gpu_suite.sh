@@ -9,10 +9,10 @@
 #   2. train_step: benchmarks/train_step.py on cuda, B=16 T=64, bf16, discrete actions, sizes
 #      XL then S, vector and 64x64x3 image inputs, dense one-hot layers, compiled and
 #      captured as one CUDA graph (CUDA's default): FLOPs, TFLOP/s against the bf16 matmul
-#      peak measured in the same run, peak memory; these stop in time for step 3 (on a
-#      fresh H200 that leaves time for the XL vector row: set SIZES=S for the S rows)
-#   3. learning: lucid train CartPole-v1 --preset paper-cartpole --device cuda for
-#      LEARN_MIN minutes, one more to compile (CUDA's defaults when the compiled bf16 test passed;
+#      peak measured in the same run, peak memory
+#   3. learning, with the time left (LEARN_FIRST=1: the target rows stop in time for it):
+#      lucid train CartPole-v1 --preset paper-cartpole --device cuda for LEARN_MIN
+#      minutes, one more to compile (CUDA's defaults when the compiled bf16 test passed;
 #      else graphed in fp32 when the dense graph tests passed; else eager fp32): the env
 #      steps at which the mean of the last 10 training returns first reaches 450, if it does
 #   4. with the time left: the graph alone (bf16), a profile of the largest size's update
@@ -26,7 +26,7 @@
 # Runs with the machine's python3 (a CUDA torch). omegaconf and gymnasium, if missing there,
 # are installed from wheels in .whl/ (gitignored; docs/performance.md: "The GPU suite" says how
 # to fetch them and carry them). Knobs (environment): PY, SUITE_BUDGET_S (total, default 570),
-# LEARN_MIN (2.5), ITERS (timed updates per configuration, 10), LEARN_ARGS (extra overrides),
+# LEARN_MIN (2.5), LEARN_FIRST (0), ITERS (timed updates per configuration, 10), LEARN_ARGS (extra overrides),
 # and for a dry run without a GPU: DEVICE (cuda), SIZES ("S XL"), BATCH (16), LENGTH (64),
 # PEAK_N (8192), e.g.
 #   DEVICE=cpu SIZES=nano BATCH=4 LENGTH=8 ITERS=1 PEAK_N=256 LEARN_MIN=0.2 \
@@ -100,11 +100,14 @@ passed 'graphed_compiled_bf16_updates_equal_compiled_ones'
 FAST_OK=$?
 log "graph tests (dense): $([ $GRAPH_OK -eq 0 ] && echo passed || echo 'not passed');" \
   "compiled+graph bf16: $([ $FAST_OK -eq 0 ] && echo passed || echo 'not passed')"
-# The target rows stop in time for the learning run: LEARN_MIN minutes, one more when it
-# compiles (CUDA's default: run.time_limit counts the first update's wait for the
-# compiler), and 40 s for start-up and checkpoint.
-LEARN_FULL_MIN=$(awk "BEGIN { print $LEARN_MIN + ($FAST_OK == 0 ? 1 : 0) }")
-BENCH_END=$((END - $(awk "BEGIN { print int($LEARN_FULL_MIN * 60 + 40) }")))
+# The learning run: LEARN_MIN minutes, one more when it compiles (CUDA's default:
+# run.time_limit counts the first update's wait for the compiler), and 40 s for start-up
+# and checkpoint. With LEARN_FIRST=1 the target rows stop in time for it; else it gets what
+# they leave, and is skipped when that is under half a minute of learning.
+COMPILE_MIN=$([ "$FAST_OK" -eq 0 ] && echo 1 || echo 0)
+LEARN_FULL_MIN=$(awk "BEGIN { print $LEARN_MIN + $COMPILE_MIN }")
+BENCH_END=$END
+[ "${LEARN_FIRST:-0}" = 1 ] && BENCH_END=$((END - $(awk "BEGIN { print int($LEARN_FULL_MIN * 60 + 40) }")))
 
 log "prefetch: $DEVICE prefetcher vs plain sampling"
 timeout 90 "$PY" - "$OUTDIR/gpu_prefetch.json" "$DEVICE" <<'EOF'
@@ -176,7 +179,9 @@ LEARN_GRAPH="train.cuda_graph=false train.compile=false train.precision=fp32"
 [ "$GRAPH_OK" -eq 0 ] && LEARN_GRAPH="train.compile=false train.precision=fp32"
 [ "$FAST_OK" -eq 0 ] && LEARN_GRAPH=""  # CUDA's defaults: compiled, graphed, bf16
 LEARN_RUN_MIN=$(awk "BEGIN { m = ($END - $(date +%s) - 40) / 60; \
-  if (m > $LEARN_FULL_MIN) m = $LEARN_FULL_MIN; printf \"%.2f\", m < 0.1 ? 0.1 : m }")
+  if (m > $LEARN_FULL_MIN) m = $LEARN_FULL_MIN; printf \"%.2f\", m < 0 ? 0 : m }")
+if awk "BEGIN { exit !($LEARN_RUN_MIN >= $COMPILE_MIN + ($LEARN_MIN < 0.5 ? $LEARN_MIN : 0.5)) }"
+then
 log "learning: paper-cartpole on $DEVICE for $LEARN_RUN_MIN min (${LEARN_GRAPH:-defaults}) -> $RUN_DIR"
 # shellcheck disable=SC2086
 timeout $(awk "BEGIN { print int($LEARN_RUN_MIN * 60 + 70) }") "$PY" -m lucid train CartPole-v1 \
@@ -218,6 +223,9 @@ out = {"reached_450": reached, "best_mean_of_10": best, "episodes": len(eps),
 print("learning:", json.dumps({k: v for k, v in out.items() if k != "curve_env_steps_updates_wall_return"}))
 json.dump(out, open(sys.argv[2], "w"), indent=1)
 EOF
+else
+  log "learning: skipped, $LEARN_RUN_MIN min left (LEARN_FIRST=1 keeps time for it)"
+fi
 
 # ------------------------------------------------------------------ 4. if time is left
 bench graph "$END" 90 "$SIZES" --obs vector image --precision bf16 --peak-n 0 "${GRAPH[@]}"
