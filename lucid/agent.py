@@ -527,10 +527,20 @@ class GraphedUpdate:
         del saved
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: the prefetch thread may copy the next batch while this one captures.
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            metrics = agent._update(self.batch)
-            self.keys = list(metrics)
-            self.values = torch.stack([v.detach().float().reshape(()) for v in metrics.values()])
+        try:
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                metrics = agent._update(self.batch)
+                self.keys = list(metrics)
+                self.values = torch.stack([v.detach().float().reshape(())
+                                           for v in metrics.values()])
+        except RuntimeError as exc:  # e.g. a custom network's .item(): name the way out
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise RuntimeError(
+                f"train.cuda_graph (CUDA's default for one process) could not capture the "
+                f"update ({first}): something in it reads a value back to the host (.item(), "
+                f"a Python branch on a tensor, a data-dependent shape), which a CUDA graph "
+                f"cannot hold; tests/test_cuda_graph.py's host-read probe shows where. "
+                f"train.cuda_graph=false runs the same update uncaptured") from exc
 
     def __call__(self, batch: dict) -> dict[str, torch.Tensor]:
         _copy_into(self.batch, batch)

@@ -219,6 +219,20 @@ def test_graphed_update_skips_a_nonfinite_batch_and_checks_shapes(gather):
 
 
 @cuda
+def test_an_update_that_reads_the_host_names_the_fix_when_captured(monkeypatch):
+    """A network that reads a value back to the host (here the critic's, via .item()) runs
+    eagerly but cannot be captured: the error says why and names train.cuda_graph=false."""
+    agent, batch = _agent(device="cuda", cuda_graph=True)
+    net = agent.critic.net
+    real = net.forward
+    monkeypatch.setattr(net, "forward",
+                        lambda x: real(x) if x.sum().item() is not None else None, raising=False)
+    with pytest.raises(RuntimeError, match="could not capture the update .*"
+                                           "train.cuda_graph=false runs the same update"):
+        agent.train(batch)
+
+
+@cuda
 def test_checkpoints_keep_the_gpus_random_state():
     from lucid.checkpoint import rng_state, set_rng_state
     torch.randn(3, device="cuda")
