@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, write_json  # noqa: E402
+from common import agent_shape_args, machine, write_json  # noqa: E402
 
 
 def variant_parser() -> argparse.ArgumentParser:
@@ -92,11 +92,7 @@ def quartiles(xs: list[float]) -> tuple[float, float]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", default="nano")
-    p.add_argument("--obs", default="vector", choices=["vector", "image"])
-    p.add_argument("--action", default="discrete", choices=["discrete", "continuous", "mixed"])
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--length", type=int, default=64)
+    agent_shape_args(p, size="nano")
     p.add_argument("--threads", type=int, default=2, help="torch threads per worker")
     p.add_argument("--warmup", type=int, default=3, help="untimed updates (compiled: >= 2)")
     p.add_argument("--rounds", type=int, default=11)

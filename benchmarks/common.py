@@ -108,6 +108,21 @@ def rss_mb() -> float:
         return float("nan")
 
 
+# The inputs and action spaces of the benchmarks' agents (train_step.spaces builds them).
+OBS_KINDS = ("vector", "image")
+ACTION_KINDS = ("discrete", "continuous", "mixed")
+
+
+def agent_shape_args(p, size: str) -> None:
+    """--size, --obs, --action, --batch, --length: the one agent and batch a script times
+    (train_step.agent_and_batch; ab.py, profile_step.py)."""
+    p.add_argument("--size", default=size)
+    p.add_argument("--obs", default="vector", choices=OBS_KINDS)
+    p.add_argument("--action", default="discrete", choices=ACTION_KINDS)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--length", type=int, default=64)
+
+
 def write_json(path: str | Path, payload: dict, quiet: bool = False) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, write_json  # noqa: E402
+from common import agent_shape_args, machine, write_json  # noqa: E402
 from train_step import agent_and_batch  # noqa: E402
 
 from lucid.agent import Agent  # noqa: E402
@@ -57,11 +57,7 @@ def profile_updates(agent: Agent, batch: dict, warmup: int, iters: int, top: int
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", default="mini")
-    p.add_argument("--obs", default="vector", choices=["vector", "image"])
-    p.add_argument("--action", default="discrete", choices=["discrete", "continuous", "mixed"])
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--length", type=int, default=64)
+    agent_shape_args(p, size="mini")
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")

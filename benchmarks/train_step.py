@@ -42,7 +42,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, matmul_peak, peak_rss_mb, write_json  # noqa: E402
+from common import (ACTION_KINDS, OBS_KINDS, machine, matmul_peak, peak_rss_mb,  # noqa: E402
+                    write_json)
 
 from lucid.agent import Agent  # noqa: E402
 from lucid.config import SIZES, for_device, make_config  # noqa: E402
@@ -188,8 +189,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", nargs="+", default=["mini", "XS"],
                    help=f"any of {' '.join(SIZES)}, or 'all'")
-    p.add_argument("--obs", nargs="+", default=["vector"], choices=["vector", "image"])
-    p.add_argument("--action", nargs="+", default=["discrete"], choices=["discrete", "continuous", "mixed"])
+    p.add_argument("--obs", nargs="+", default=["vector"], choices=OBS_KINDS)
+    p.add_argument("--action", nargs="+", default=["discrete"], choices=ACTION_KINDS)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--length", type=int, default=64)
     p.add_argument("--horizon", type=int, default=0, help="imagination horizon (0 = config's 15)")
