@@ -119,6 +119,16 @@ def test_cuda_graph_needs_a_cuda_device():
 
 # --------------------------------------------------------------------------- on a GPU
 
+
+def _new_rewards(batch: dict, n: int = 4):
+    """`batch` n times, with new rewards each time (seeded): a replayed graph must read its
+    inputs anew at every update."""
+    g = torch.Generator(device=batch["reward"].device).manual_seed(1)
+    for _ in range(n):
+        yield {**batch, "reward": torch.randn(batch["reward"].shape, device=g.device,
+                                              generator=g)}
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -153,9 +163,7 @@ def test_graphed_updates_equal_eager_updates(monkeypatch, obs, gather, train):
     # actor's loss and advantages are near 0 at the start).
     tol = {"rel": 1e-3, "abs": 1e-5} if train.get("precision", "fp32") == "fp32" else \
         {"rel": 3e-2, "abs": 1e-2}
-    g = torch.Generator(device="cuda").manual_seed(1)
-    for i in range(4):
-        b = {**batch, "reward": torch.randn(batch["reward"].shape, device="cuda", generator=g)}
+    for i, b in enumerate(_new_rewards(batch)):
         m_e, m_g = eager.train(b), graphed.train(b)
         for k in m_e:
             assert m_g[k] == pytest.approx(m_e[k], **tol), (i, k)
@@ -184,9 +192,7 @@ def test_graphed_compiled_bf16_updates_equal_compiled_ones(monkeypatch):
     eager, batch = _agent("image", device="cuda", cuda_graph=False, **fast)
     compiled, _ = _agent("image", device="cuda", cuda_graph=False, compile=True, **fast)
     graphed, _ = _agent("image", device="cuda", cuda_graph=True, compile=True, **fast)
-    g = torch.Generator(device="cuda").manual_seed(1)
-    for i in range(4):
-        b = {**batch, "reward": torch.randn(batch["reward"].shape, device="cuda", generator=g)}
+    for i, b in enumerate(_new_rewards(batch)):
         m_c, m_g = compiled.train(b), graphed.train(b)
         for k in m_c:
             assert m_g[k] == pytest.approx(m_c[k], rel=1e-2, abs=3e-3), (i, k)
