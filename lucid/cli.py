@@ -427,6 +427,45 @@ def report_cmd(run_dir: str = typer.Argument(..., help="a run directory"),
     typer.echo(str(path))
 
 
+@app.command("repro", context_settings={"allow_extra_args": True,
+                                        "ignore_unknown_options": False})
+def repro_cmd(
+    ctx: typer.Context,
+    env: Optional[str] = typer.Argument(None, help="the task to train, e.g. dmc:walker-walk, "
+                                        "atari100k:Pong (leave out to compare --runs only)"),
+    seeds: str = typer.Option("0,1", help="seeds to train: 0,1,2 or 0-3"),
+    steps: Optional[int] = typer.Option(None, help="env steps per seed (agent steps summed "
+                                        "over envs; the authors' frames are these times the "
+                                        "action repeat)"),
+    preset: Optional[str] = typer.Option(None, help="default: the env's suite preset"),
+    out: str = typer.Option("repro", help="folder for the seeds' runs and the comparison"),
+    parallel: Optional[int] = typer.Option(None, help="seeds trained at once (default: all)"),
+    runs: Optional[List[str]] = typer.Option(None, "--runs", help="existing run directories "
+                                             "to compare too (repeat the option)"),
+    reference_year: str = typer.Option("2023", "--reference", help="the authors' curves: 2023 "
+                                       "(the paper's agent, lucid's recipe) or 2024"),
+    at: Optional[str] = typer.Option(None, help="env steps to compare at, e.g. 20k,40k "
+                                     "(default: those both reach)"),
+):
+    """Train a paper preset over several seeds side by side, then compare with the authors'
+    published curves: a table at matched env steps, a plot and JSON in --out.
+
+    Extra arguments are config overrides for every seed (section.key=value). With --runs
+    and no ENV, only compares existing runs (made elsewhere or over several sessions). See
+    docs/reproduction.md."""
+    from .reference import NoReference, parse_steps, table
+    from .repro import parse_seeds, repro
+    overrides = list(ctx.args)
+    try:
+        result = repro(env, parse_seeds(seeds), steps, out, preset, overrides, parallel,
+                       runs or (), reference_year, parse_steps(at) if at else None,
+                       echo=typer.echo)
+    except (NoReference, ValueError, FileNotFoundError) as exc:
+        _fail(exc)
+    typer.echo(table(result))
+    typer.echo(f"written: {', '.join(result['files'].values())}")
+
+
 # typer prints a docstring's line breaks as they stand (an 80-column terminal then breaks each
 # source line again): give it each paragraph as one line. The first is the command's summary
 # in `lucid --help`; the rest, after a blank line, show in the command's own --help.

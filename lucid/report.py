@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import reference
 from .checkpoint import atomic_write_text
 from .plot import plot_runs, read_jsonl, train_episodes
 from .warn import warn
@@ -134,6 +135,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     else:
         parts.append("<p>No episodes logged yet.</p>")
 
+    parts += _against_authors(run_dir)
+
     videos = sorted((run_dir / "videos").glob("*")) if (run_dir / "videos").is_dir() else []
     videos = [v for v in videos if v.suffix.lower() in VIDEO_TYPES or
               v.suffix.lower() in IMAGE_TYPES]
@@ -175,6 +178,41 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, page)
     return out
+
+
+def _against_authors(run_dir: Path) -> list[str]:
+    """The run beside the authors' published curves of its task (lucid.reference), where
+    there are any and the run has episodes."""
+    if not (run_dir / "config.yaml").exists() or not train_episodes(
+            read_jsonl(run_dir / "episodes.jsonl")):
+        return []
+    try:
+        result = reference.compare([run_dir])
+    except reference.NoReference:
+        return []
+    rows = [("env steps (frames)", "lucid", "authors mean (min–max)", "verdict")]
+    fr = reference.format_return
+    rows += [(f"{r['env_steps']:,} ({r['frames']:,})", fr(r["lucid"]["mean"]),
+              f"{fr(r['authors']['mean'])} ({fr(r['authors']['min'])}–{fr(r['authors']['max'])})",
+              r["verdict"]) for r in result["rows"]]
+    ref = result["reference"]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
+                   for row in rows[1:])
+    parts = ["<h2>Against the authors' curves</h2>",
+             f"<p>The authors' {ref['year']} curves of <code>{html.escape(ref['task'])}</code> "
+             f"({ref['seeds']} seeds, x in frames = {ref['frames_per_step']} per env step). "
+             f"Several seeds: <code>lucid repro --runs DIR --runs DIR</code>.</p>",
+             f'<table id="against-authors"><tr>{head}</tr>{body}</table>' if result["rows"]
+             else f"<p>No matched step yet (the run reached {result['reached_env_steps']:,} "
+                  f"env steps).</p>"]
+    with tempfile.TemporaryDirectory() as tmp:
+        png = reference.plot(result, Path(tmp) / "against.png")
+        parts.append(f'<figure><img class="media" alt="against the authors\' curves" '
+                     f'src="{_data_uri(png, "image/png")}"><figcaption>Episode return: lucid '
+                     f'and the authors\' mean and min–max over seeds, against env steps.'
+                     f'</figcaption></figure>')
+    return parts
 
 
 def finish_run(trainer, writer=None, videos: bool = True, horizon: int = 45
