@@ -265,8 +265,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The paper's settings, as published: "default" is XS (ModelConfig's default size, as
     # RLlib's); the suites take the sizes, train ratios and env counts of the authors' 2023
     # configs.yaml (Atari: the XL defaults, 8 envs; DMC: S, the default 4 envs; Crafter and
-    # Atari100k: 1 env). Each runs the env steps of the paper's results: Atari 200M frames
-    # (50M steps of 4 frames), Atari100k 100k, DMC proprio 500k, DMC vision and Crafter 1M.
+    # Atari100k: 1 env). Each runs the budget of the paper's results, which counts frames:
+    # run.steps counts env (agent) steps, so the budget is divided by the action repeat:
+    # Atari 200M frames (50M steps of 4), Atari100k 400k frames (100k steps), DMC proprio
+    # 500k and vision 1M frames (250k and 500k steps of 2), Crafter 1M (no repeat).
     "default": {},
     "paper-cartpole": {"model": {"size": "XS"}, "train": {"train_ratio": 1024}},
     "atari": {"env": {"num_envs": 8}, "model": {"size": "XL"}, "train": {"train_ratio": 64},
@@ -276,9 +278,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # DMC proprio: the vector MLPs of the authors' code, which made the published curves
     "dmc-proprio": {"env": {"num_envs": 4},
                     "model": {"size": "S", "vector_units": 1024, "vector_layers": 5},
-                    "train": {"train_ratio": 512}, "run": {"steps": 500_000}},
+                    "train": {"train_ratio": 512}, "run": {"steps": 250_000}},
     "dmc-vision": {"env": {"num_envs": 4}, "model": {"size": "S"},
-                   "train": {"train_ratio": 512}, "run": {"steps": 1_000_000}},
+                   "train": {"train_ratio": 512}, "run": {"steps": 500_000}},
     "crafter": {"model": {"size": "XL"}, "train": {"train_ratio": 512},
                 "run": {"steps": 1_000_000}},
     # Measured to learn small control tasks fastest on a 2-core CPU (see docs/presets.md):
