@@ -41,11 +41,21 @@ endif
 bench: setup
 	$(BIN)/python benchmarks/train_step.py
 
-# The pure-Python wheels benchmarks/gpu_suite.sh installs on a bare GPU image (docs/performance.md).
+# The wheels benchmarks/gpu_suite.sh and gpu_repro.sh install on a bare GPU image (CPython
+# 3.12 there): lucid's pure-Python needs and the DMC stack, dm_control without the locomotion,
+# dog and test assets the control suite never loads (56 -> 3 MB), so that .whl fits the
+# 64 MiB the device tool carries (docs/reproduction.md).
+WHEEL_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+  --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 gpu-wheels:
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-	  --implementation cp --platform manylinux2014_x86_64 -d .whl \
-	  omegaconf==2.4.0 gymnasium==1.4.0 farama-notifications==0.0.6
+	  --implementation cp $(WHEEL_PLATFORMS) -d .whl \
+	  omegaconf==2.4.0 gymnasium==1.4.0 farama-notifications==0.0.6 \
+	  mujoco==3.17.0 dm-control==1.0.50 dm-env==1.6 dm-tree==0.1.10 labmaze==1.0.6 \
+	  glfw==2.11.0 pyopengl==3.1.10
+	$(PY) benchmarks/slim_wheel.py .whl/dm_control-1.0.50-py3-none-any.whl \
+	  dm_control/locomotion/soccer dm_control/locomotion/walkers dm_control/suite/dog_assets \
+	  dm_control/mujoco/testing dm_control/blender dm_control/mjcf/test_assets
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
