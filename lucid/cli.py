@@ -1,5 +1,5 @@
-"""`lucid` command line: train, eval, config, dream, plot, report. A thin layer over
-lucid.train and the visualising modules (video, plot, report)."""
+"""`lucid` command line: train, eval, config, check, dream, plot, report, repro. A thin
+layer over lucid.train, lucid.repro and the visualising modules (video, plot, report)."""
 
 from __future__ import annotations
 
