@@ -67,7 +67,7 @@ def runner_throughput(env_id, env_kwargs, runners: int, per_runner: int, chunk: 
     from lucid.config import make_config
     from lucid.ray_runners import RayCollector
     from lucid.replay import Replay, ReplayGroup
-    from lucid.train import spaces_of
+    from lucid.envs.checks import spaces_of
     cfg = make_config("default", env={"id": env_id, "kwargs": env_kwargs},
                       model={"size": size},
                       run={"runners": "ray", "num_runners": runners,
@@ -103,7 +103,7 @@ def local_throughput(env_id, env_kwargs, per_runner: int, seconds: float, size: 
     from lucid.config import make_config
     from lucid.envs import env_fn
     from lucid.runner import Collector
-    from lucid.train import spaces_of
+    from lucid.envs.checks import spaces_of
     cfg = make_config("default", env={"id": env_id, "kwargs": env_kwargs}, model={"size": size})
     obs_spec, act_spec = spaces_of(cfg)
     agent = Agent(obs_spec, act_spec, cfg, "cpu")

@@ -21,6 +21,7 @@ from .behavior import (Actor, Critic, ReturnNorm, actor_loss, critic_loss, episo
                        uses_reinforce)
 from .config import Config, ConfigError, for_device
 from .nets import dense_for
+from .plugins import import_attr
 from .envs.spaces import ActionSpec, ObsSpec
 from .world_model import State, WorldModel
 
@@ -83,7 +84,6 @@ def agent_class(config: Config) -> type:
     spec = config.model.agent
     if not spec:
         return Agent
-    from .envs import import_attr
     try:
         cls = import_attr(spec)
     except (ImportError, AttributeError, ValueError) as exc:

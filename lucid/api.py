@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import copy
 import numbers
 import signal
 import sys
@@ -22,56 +21,18 @@ import torch
 
 from .checkpoint import atomic_torch_save, load_checkpoint, load_latest, FORMAT_VERSION
 from .config import ConfigError, as_dict, flatten, from_yaml, make_config, to_yaml
-from .envs import INSTANCE_PREFIX, default_preset, env_label
+from .envs import default_preset, env_label, instances
 from .train import Trainer, load_here, slow_preset_note
 from .world_model import State
 from .warn import warn
 
 
-_INSTANCES: dict[str, Any] = {}  # name -> a pristine copy of an env instance given to Dreamer
-
-
-def _instance_factory(name: str):
-    """A `module:Attr` constructor for an env instance given to Dreamer: every env made from
-    it (the start-up check's, which is closed after one step, the training env's and each
-    evaluation env's) is a fresh deep copy of the instance as it was given, never reset,
-    stepped or closed."""
-    def make(render_mode=None, **kwargs):
-        if kwargs:
-            raise TypeError(f"env.kwargs {sorted(kwargs)} cannot apply to an env instance, "
-                            f"which is copied as it was given: make the instance with them, "
-                            f"or pass the env by name ('module.path:EnvClass') with env__kwargs")
-        env = copy.deepcopy(_INSTANCES[name])
-        if render_mode is not None and env.render_mode != render_mode:
-            env.close()
-            raise TypeError(f"videos of an env with vector observations need its render() "
-                            f"frames, and this env instance was made with render_mode="
-                            f"{env.render_mode!r}: make it with render_mode={render_mode!r}, "
-                            f"or run without videos (run__videos=False)")
-        return env
-    return make
-
-
-def _register_instance(env) -> str:
-    name = f"{INSTANCE_PREFIX.partition(':')[2]}{len(_INSTANCES)}_{type(env.unwrapped).__name__}"
-    _INSTANCES[name] = copy.deepcopy(env)  # the caller's object is never used or closed
-    globals()[name] = _instance_factory(name)
-    return f"{__name__}:{name}"
-
-
-def _adopt_instance(name: str, env) -> None:
-    """The instance registered as `name` in another process, here too (env_fn sends it)."""
-    if name not in _INSTANCES:
-        _INSTANCES[name] = env
-        globals()[name] = _instance_factory(name)
-
-
 def _env_id(env) -> str:
-    """The config's env.id of an env name or instance (instances are registered here)."""
+    """The config's env.id of an env name or instance (instances are registered)."""
     if not isinstance(env, gym.Env):
         return str(env)
     try:
-        return _register_instance(env)
+        return instances.register(env)
     except Exception as exc:  # noqa: BLE001 - deepcopy of an env with live handles
         raise TypeError(f"cannot copy the env instance ({type(exc).__name__}: {exc}); pass it "
                         f"by name instead ('module.path:EnvClass' with its kwargs as "
@@ -291,7 +252,7 @@ class Dreamer:
             cfg = make_config(tree.pop("preset"), overrides=sections, **tree)
         if env is not None:
             cfg.env.id = _env_id(env)
-        elif cfg.env.id.startswith(INSTANCE_PREFIX):
+        elif instances.is_instance(cfg.env.id):
             cls_name = env_label(cfg.env.id)
             raise ValueError(f"{path} was trained on an env instance (Dreamer({cls_name}(...))),"
                              f" which a checkpoint cannot hold; pass the env again: "

@@ -447,10 +447,9 @@ def repro_cmd(
     at: Optional[str] = typer.Option(None, help="env steps to compare at, e.g. 20k,40k "
                                      "(default: those both reach)"),
 ):
-    """Train a paper preset over several seeds side by side, then compare with the authors'
-    published curves: a table at matched env steps, a plot and JSON in --out.
+    """Train seeds side by side, then compare them with the authors' published curves.
 
-    Extra arguments are config overrides for every seed (section.key=value). With --runs
+    A table at matched env steps, a plot and JSON in --out. Extra arguments are config overrides for every seed (section.key=value). With --runs
     and no ENV, only compares existing runs (made elsewhere or over several sessions). See
     docs/reproduction.md."""
     from .reference import NoReference, parse_steps, table

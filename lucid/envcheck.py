@@ -18,7 +18,7 @@ from .behavior import uses_reinforce
 from .config import Config
 from .envs import ActionSpec, ObsSpec, env_label, make_env
 from .envs.spaces import _leaves
-from .train import _fits, spaces_of
+from .envs.checks import fits, spaces_of
 
 
 def _n(count: int, what: str) -> str:
@@ -120,15 +120,15 @@ def _rollout(env, obs_spec: ObsSpec, act_spec: ActionSpec, steps: int, seed: int
     ends, returns, ret, low, high = 0, [], 0.0, np.inf, -np.inf
     t, what, outside = 0, "reset()", None
 
-    def fits(obs):  # the checks a run makes of every observation
+    def check_obs(obs):  # the checks a run makes of every observation
         nonlocal outside
-        _fits(label, obs_spec, env.observation_space, obs, "observation")
+        fits(label, obs_spec, env.observation_space, obs, "observation")
         if outside is None and _beyond(env.observation_space, obs):
             outside = t
 
     try:
         obs, _ = env.reset(seed=seed)
-        fits(obs)
+        check_obs(obs)
         for t in range(1, steps + 1):
             what = "step()"
             action = act_spec.item(act_spec.to_env(act_spec.from_env(batches.sample())), 0)
@@ -136,7 +136,7 @@ def _rollout(env, obs_spec: ObsSpec, act_spec: ActionSpec, steps: int, seed: int
                 raise ValueError(f"lucid's action {action!r} for a random one is not in the "
                                  f"action space {env.action_space}")
             obs, reward, term, trunc, _ = env.step(action)
-            fits(obs)
+            check_obs(obs)
             reward = float(reward)
             if not np.isfinite(reward):
                 raise ValueError(f"the reward is {reward}; rewards must be finite")
@@ -144,7 +144,7 @@ def _rollout(env, obs_spec: ObsSpec, act_spec: ActionSpec, steps: int, seed: int
             if term or trunc:
                 ends, returns, ret, what = ends + 1, returns + [ret], 0.0, "reset()"
                 obs, _ = env.reset()
-                fits(obs)
+                check_obs(obs)
     except Exception as exc:  # noqa: BLE001 - named with its step
         raise ValueError(f"{label} at random step {t} ({what}): {type(exc).__name__}: "
                          f"{exc}") from None

@@ -37,7 +37,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from .checkpoint import atomic_write_text
 from .config import logger_backends
+from .io import read_jsonl
 from .warn import warn
 
 PLAIN_EVERY = 60.0  # seconds between plain progress lines when stdout is not a terminal
@@ -57,8 +59,6 @@ def import_wandb():
 def drop_rows_after(path: Path, env_steps: int) -> None:
     """Rewrite a JSONL log without its rows past `env_steps` (and any torn last line),
     atomically."""
-    from .checkpoint import atomic_write_text
-    from .plot import read_jsonl  # skips a line cut short by a kill
     if path.exists():
         keep = [r for r in read_jsonl(path)
                 if not (isinstance(r, dict) and r.get("env_steps", 0) > env_steps)]

@@ -14,7 +14,6 @@ it count.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import numpy as np
 import yaml
 
 from .config import RESUME_SETTABLE, Config, _suggest, as_dict, flatten
+from .io import read_jsonl
 
 # Keys that do not change what a run learns: runs differing only in these are seeds of one
 # config (a resumed seed with another --steps or time limit stays in its group)
@@ -75,23 +75,6 @@ def save_figure(fig, path: str | Path, dpi: int) -> Path:
     fig.savefig(path, dpi=dpi)
     pyplot().close(fig)
     return path
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSONL file; a line that is not JSON (the torn last line of a run killed
-    mid-write, or one damaged later) is skipped, and the rows after it are kept."""
-    rows = []
-    if not path.exists():
-        return rows
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 def train_episodes(rows: list[dict]) -> list[dict]:

@@ -29,7 +29,11 @@ import time
 import numpy as np
 import torch
 
-from .runner import EnvError
+from .agent import agent_class
+from .config import from_yaml, to_yaml
+from .envs import env_fn
+from .envs.checks import spaces_of
+from .runner import Collector, EnvError, Episode, restarting
 
 
 def _ray():
@@ -67,11 +71,6 @@ class EnvRunner:
     """Steps `num_envs` envs with a CPU copy of the policy; becomes a Ray actor."""
 
     def __init__(self, cfg_yaml: str, index: int, seed: int, num_envs: int):
-        from .agent import agent_class
-        from .config import from_yaml
-        from .envs import env_fn
-        from .runner import Collector, restarting
-        from .train import spaces_of
         torch.set_num_threads(1)
         torch.manual_seed(seed)
         cfg = from_yaml(cfg_yaml)
@@ -135,7 +134,6 @@ class RayCollector:
         self._lags: list[int] = []
         self._waited = 0.0  # seconds the learner spent waiting for chunks since metrics()
         self._since = time.time()
-        from .config import to_yaml
         self._cfg_yaml = to_yaml(cfg)
 
     # ------------------------------------------------------------------ actors
@@ -217,7 +215,6 @@ class RayCollector:
         """Wait for the next finished chunk, store it in `replay` (a ReplayGroup) and give
         that runner its next task. `agent=None` means random actions (prefill). Returns the
         env steps added (0 when the chunk was lost with its runner) and finished episodes."""
-        from .runner import Episode
         ray = _ray()
         self.start()
         for i in range(self.num_runners):  # every runner keeps one chunk in flight

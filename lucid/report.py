@@ -20,7 +20,8 @@ import numpy as np
 
 from . import reference
 from .checkpoint import atomic_write_text
-from .plot import plot_runs, read_jsonl, train_episodes
+from .io import read_jsonl
+from .plot import plot_runs, train_episodes
 from .warn import warn
 
 VIDEO_TYPES = {".mp4": "video/mp4", ".webm": "video/webm"}

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .envs import env_info
+from .envs.checks import close_env
 from .envs.spaces import ActionSpec, ObsSpec
 from .warn import raised_at, warn
 
@@ -82,17 +83,6 @@ class Restarting(gym.Wrapper):
         self._streak = 0
         self.last_obs = out[0]
         return out
-
-
-def close_env(env, label: str = "the environment") -> None:
-    """`env.close()` (an env, or a Collector's envs); an env whose close() raises is told
-    in a warning, not an error that would stop a start, lose an evaluation's returns or hide
-    the error in flight (everything the env gave is used already)."""
-    try:
-        env.close()
-    except Exception as exc:  # noqa: BLE001 - the env's own close()
-        warn(f"{label}'s close() raised {type(exc).__name__}: {exc}; lucid goes on without "
-             f"it (fix close(), or leave it out: gymnasium's Env.close does nothing)")
 
 
 def restarting(make: Callable[[], gym.Env], max_restarts: int) -> Callable[[], gym.Env]:

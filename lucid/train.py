@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import torch
 import yaml
@@ -30,12 +29,12 @@ from . import checkpoint as ckpt
 from .agent import agent_class
 from .config import (RESUME_SETTABLE, Config, ConfigError, as_dict, flatten, from_yaml,
                      for_device, make_config, to_yaml)
-from .envs import (INSTANCE_PREFIX, ActionSpec, ObsSpec, env_fn, env_label, is_file_id,
-                   make_env, resolve_env_id)
-from .envs.crafter import AchievementTracker
+from .envs import env_fn, env_label, episode_metrics, instances
 from .logger import Logger
+from .plugins import is_file_id, resolve_id
 from .replay import Prefetcher, Replay
-from .runner import Collector, EnvError, close_env, evaluate, restarting
+from .envs.checks import close_env, spaces_of
+from .runner import Collector, EnvError, evaluate, restarting
 from .system import tune_malloc
 from . import distributed
 from .warn import warn
@@ -123,7 +122,7 @@ def check_resumable(saved: Config, cfg: Config, where: Path) -> None:
     """Refuse a resume whose config.yaml changed what the checkpoint and replay were built
     for, naming every changed key, before anything is loaded."""
     old, new = flatten(as_dict(saved)), flatten(as_dict(cfg))
-    if old["env.id"].startswith(INSTANCE_PREFIX):
+    if instances.is_instance(old["env.id"]):
         # An instance's name does not outlive its process: such a run goes on in the env
         # given again (an instance, or a name that makes the same env), whose spaces must
         # fit the checkpoint when it is loaded.
@@ -148,10 +147,10 @@ def resumed_env(saved: str, given: str) -> str:
     env=...)): a run on an env instance goes on in the env given, whose spaces must fit its
     checkpoint; a run on a named env only in that env, which it makes again by name (the
     rule config.yaml edits meet: another env's id would be refused by the next resume)."""
-    if saved.startswith(INSTANCE_PREFIX) or given == saved or (
+    if instances.is_instance(saved) or given == saved or (
             is_file_id(saved) and is_file_id(given) and env_label(saved) == env_label(given)):
         return given
-    what = (f"an env instance ({env_label(given)})" if given.startswith(INSTANCE_PREFIX)
+    what = (f"an env instance ({env_label(given)})" if instances.is_instance(given)
             else repr(given))
     raise ConfigError(f"this run was trained on {saved!r}, which a resume makes again by name; "
                       f"leave out env= to continue it (given {what}). To go on learning with "
@@ -162,7 +161,7 @@ def resumed_env(saved: str, given: str) -> str:
 def resume_hint(env_id: str, run_dir) -> str:
     """How to continue a run: the CLI, or for a run on an env instance (which no other
     process can rebuild) Dreamer.load with the instance again."""
-    if env_id.startswith(INSTANCE_PREFIX):
+    if instances.is_instance(env_id):
         return f"Dreamer.load({str(run_dir)!r}, resume=True, env={env_label(env_id)}(...))"
     return f"`lucid train --resume {run_dir}`"
 
@@ -259,7 +258,7 @@ def claim_run_dir(given: Path | None, cfg: Config) -> Path:
             except Exception:
                 held_env = ""
             how = resume_hint(held_env, given)
-            if not held_env.startswith(INSTANCE_PREFIX):
+            if not instances.is_instance(held_env):
                 how += " (or Dreamer.load)"
             raise ConfigError(
                 f"{given} already holds a run ({', '.join(held)}); continue it with {how}, or "
@@ -284,71 +283,6 @@ def claim_run_dir(given: Path | None, cfg: Config) -> Path:
             return path
         except FileExistsError:
             continue
-
-
-def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:
-    """The env's observation and action specs, and a check that its first reset and step fit
-    them: a custom env's mistakes show here, named, before any file is written."""
-    env = make_env(cfg.env.id, cfg.env.max_episode_steps, **cfg.env.kwargs)
-    label = env_label(cfg.env.id)
-    try:
-        spaces = [getattr(env, name, None) for name in ("observation_space", "action_space")]
-        if not all(isinstance(s, gym.Space) for s in spaces):
-            raise TypeError(f"{label} has no observation_space or action_space (a "
-                            f"gymnasium.spaces.Space each); set both in its __init__")
-        obs_spec, act_spec = ObsSpec.from_space(spaces[0]), ActionSpec.from_space(spaces[1])
-        try:
-            out = env.reset(seed=cfg.run.seed)
-        except Exception as exc:  # noqa: BLE001 - the env's own
-            # A crashing env is the run's to restart (env.max_restarts); no restart helps the
-            # reset(self) of gym < 0.26.
-            if isinstance(exc, TypeError) and "unexpected keyword argument 'seed'" in str(exc):
-                raise TypeError(f"{label}'s reset() takes no seed: gymnasium envs define "
-                                f"`def reset(self, *, seed=None, options=None)` and call "
-                                f"super().reset(seed=seed) first") from None
-            return obs_spec, act_spec
-        if not (isinstance(out, tuple) and len(out) == 2):
-            raise TypeError(f"{label}'s reset() returned {type(out).__name__}, not "
-                            f"(observation, info): gymnasium envs return both")
-        if not isinstance(out[1], dict):
-            raise TypeError(f"{label}'s reset() returned (observation, "
-                            f"{type(out[1]).__name__}); its info must be a dict ({{}} when "
-                            f"there is nothing to say)")
-        _fits(label, obs_spec, spaces[0], out[0], "first observation")
-        try:
-            out = env.step(spaces[1].sample())
-        except Exception:  # noqa: BLE001 - as above
-            return obs_spec, act_spec
-        if not (isinstance(out, tuple) and len(out) == 5):
-            raise TypeError(f"{label}'s step() returned {type(out).__name__} of "
-                            f"{len(out) if isinstance(out, tuple) else 1}, not (observation, "
-                            f"reward, terminated, truncated, info): gymnasium envs return five")
-        _fits(label, obs_spec, spaces[0], out[0], "observation after step()")
-        reward, flags = np.asarray(out[1]), [np.asarray(f) for f in out[2:4]]
-        real = reward.dtype == bool or np.issubdtype(reward.dtype, np.integer) \
-            or np.issubdtype(reward.dtype, np.floating)  # a bool is 0 or 1, as in gymnasium
-        if reward.ndim != 0 or not real:
-            raise TypeError(f"{label}'s step() returned the reward {out[1]!r}; it must be "
-                            f"one real number")
-        if any(f.ndim != 0 or not (f.dtype == bool or np.issubdtype(f.dtype, np.integer)
-                                   and int(f) in (0, 1)) for f in flags):
-            raise TypeError(f"{label}'s step() returned terminated={out[2]!r}, "
-                            f"truncated={out[3]!r}; both must be bools")
-        if not isinstance(out[4], dict):  # gymnasium's vector envs merge it as one
-            raise TypeError(f"{label}'s step() returned the info {out[4]!r}; it must be a "
-                            f"dict ({{}} when there is nothing to say)")
-        return obs_spec, act_spec
-    finally:
-        close_env(env, label)
-
-
-def _fits(env_id: str, spec: ObsSpec, space, obs, what: str) -> None:
-    try:
-        spec.check(obs)
-        spec.convert(obs)
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
-        raise ValueError(f"{env_id}'s {what} does not fit its observation_space {space}: "
-                         f"{exc}") from None
 
 
 @dataclass
@@ -433,8 +367,8 @@ class Trainer:
                 setattr(getattr(saved, section), name, getattr(getattr(cfg, section), name))
             load_here(saved, cfg.run.device)
             cfg = saved
-        cfg.env.id = resolve_env_id(cfg.env.id)  # path/to/file.py:Env from any directory
-        cfg.model.agent = resolve_env_id(cfg.model.agent)  # path/to/file.py:Class too
+        cfg.env.id = resolve_id(cfg.env.id)  # path/to/file.py:Env from any directory
+        cfg.model.agent = resolve_id(cfg.model.agent)  # path/to/file.py:Class too
         self.cfg = cfg
         self.device = self.dist.device if self.dist else resolve_device(cfg.run.device)
         self.obs_spec, self.act_spec = spaces_of(cfg)  # a bad env fails before any file is written
@@ -477,7 +411,7 @@ class Trainer:
         self.replay = self._make_replay(build=not late)  # a replay that cannot work: refused
         self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0,
                          "nonfinite_updates": 0, "env_restarts": 0}
-        self.achievements = AchievementTracker()  # Crafter score and success rates
+        self.achievements = episode_metrics(cfg.env.id)  # e.g. Crafter's score and rates
         self.recent: list[float] = []  # the last 10 episodes' returns (run.target_return)
         self._offset = 0  # updates_due's, after a resume that changed the ratio
         if resume:
@@ -819,7 +753,7 @@ class Trainer:
                       f"evaluations come from finished episodes")
         for ep in finished:
             c["episodes"] += 1
-            self.achievements.update(ep.info)  # Crafter's final counts, else nothing
+            self.achievements.update(ep.info)  # the suite's own episode metrics
             # An episode that the env's crash cut short (env.max_restarts) is logged marked
             # `cut` and left out of the returns that judge the agent (the recent mean,
             # run.target_return, curves and reports): its return is only a part.

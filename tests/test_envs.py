@@ -1241,7 +1241,7 @@ def test_env_files_are_imported_once_per_path_and_their_folder_goes_first(tmp_pa
     as for `python file.py`: a module next to it wins over one of the same name further
     down; where a module of the file's own name comes first, or one was imported already,
     `import` keeps giving that one."""
-    from lucid.envs import import_attr, resolve_env_id
+    from lucid.plugins import import_attr, resolve_id
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(sys, "modules", dict(sys.modules))
     for folder, n in (("a", 1), ("b:2", 2)):
@@ -1256,7 +1256,7 @@ def test_env_files_are_imported_once_per_path_and_their_folder_goes_first(tmp_pa
     assert make_env(b).observation_space.shape == (2,)
     assert import_attr(a) is import_attr(a) is type(make_env(a).unwrapped)
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert resolve_env_id("~/a/same_name_env.py:Env") == resolve_env_id(a)
+    assert resolve_id("~/a/same_name_env.py:Env") == resolve_id(a)
     proj, other = tmp_path / "proj", tmp_path / "other"
     proj.mkdir(), other.mkdir()
     (other / "lucid_probe_sibling.py").write_text("WHERE = 'other'\n")
@@ -1376,16 +1376,19 @@ def test_an_env_instance_is_named_by_its_class_and_its_constructor_keeps_the_opt
     """An env instance given to Dreamer: its id names its class (an id without one names
     itself), a process without the instance says how to load the run, and env_fn's
     constructor of it applies the time limit and options it is given."""
-    from lucid import api
-    from lucid.envs import INSTANCE_PREFIX, env_label
+    from lucid.envs import env_label, instances
+    from lucid.envs.instances import PREFIX as INSTANCE_PREFIX
     assert env_label(f"{INSTANCE_PREFIX}3_CartPoleEnv") == "CartPoleEnv"
+    # runs saved before instances had a module of their own name them so
+    assert env_label("lucid.api:_env_instance_3_CartPoleEnv") == "CartPoleEnv"
+    assert instances.is_instance("lucid.api:_env_instance_3_CartPoleEnv")
     assert env_label(f"{INSTANCE_PREFIX}3") == f"{INSTANCE_PREFIX}3"
     assert env_label(f"{REPO}/examples/custom_env.py:MyEnv") == "custom_env.py:MyEnv"
     with pytest.raises(UnknownEnvError, match=r"on an env instance \(Dreamer\(Lost\(\.\.\.\)\)\), "
                        r"which no other process can rebuild; load it with Dreamer\.load\(path, "
                        r"env=Lost\(\.\.\.\)\)"):
         make_env(f"{INSTANCE_PREFIX}999999_Lost")
-    env_id = api._register_instance(gym.make("CartPole-v1"))
+    env_id = instances.register(gym.make("CartPole-v1"))
     env = env_fn(env_id, 5)()
     env.reset(seed=0)
     assert [env.step(t % 2)[3] for t in range(5)] == [False] * 4 + [True]

@@ -23,19 +23,16 @@ from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import os
-import re
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
 
+from ..plugins import file_id, import_attr, import_file, import_module
+from . import instances
 from .extras import MissingExtraError
 from .spaces import ActionSpec, ObsSpec
 
@@ -152,110 +149,15 @@ def default_preset(env_id: str) -> str:
 
 # --------------------------------------------------------------------------- user envs
 
-def _file_id(env_id: str) -> tuple[str, str] | None:
-    """(path, attribute) of a `path/to/file.py:Attr` id; None for any other id."""
-    path, sep, attr = env_id.rpartition(":")
-    return (path, attr) if sep and path.endswith(".py") else None
-
-
-def is_file_id(env_id: str) -> bool:
-    """Whether `env_id` names an env by its Python file (`path/to/file.py:Attr`)."""
-    return _file_id(env_id) is not None
-
-
-def resolve_env_id(env_id: str) -> str:
-    """A `file.py:Attr` id (of an env, or of model.agent) with the file's path made absolute,
-    so that the run resumes, evaluates and records from any directory; any other as it is."""
-    found = _file_id(env_id)
-    if found is None:
-        return env_id
-    path, attr = found
-    return f"{Path(path).expanduser().resolve()}:{attr}"
-
-
-def _import_file(path: str):
-    """The module of a Python file, imported once per process under a name of its own; its
-    directory joins the import path (as for `python file.py`), for the modules next to it."""
-    file = Path(path).expanduser().resolve()
-    if not file.is_file():
-        raise ModuleNotFoundError(f"there is no file {file} (if it moved, give its new path; "
-                                  f"for a run, in the run's config.yaml: env.id, or "
-                                  f"model.agent for an Agent class)")
-    stem = re.sub(r"\W", "_", file.stem)  # a module name pickle can import again
-    name = f"_lucid_env_{stem}_{hashlib.sha1(str(file).encode()).hexdigest()[:8]}"
-    if name in sys.modules:
-        return sys.modules[name]
-    folder = str(file.parent)
-    added = folder not in sys.path
-    if added:
-        sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    names = [name]
-    if file.stem.isidentifier() and file.stem not in sys.modules and _finds(file.stem, file):
-        names.append(file.stem)  # `import my_env` in a module next to it: this module, not a
-        # second copy with classes of their own (isinstance, class attributes)
-    for n in names:
-        sys.modules[n] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        for n in names:
-            del sys.modules[n]
-        if added:
-            sys.path.remove(folder)
-        raise
-    return module
-
-
-def _finds(top: str, file: Path) -> bool:
-    """Whether `import top` would load `file`."""
-    try:
-        found = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return False
-    return found is not None and found.origin is not None and Path(found.origin).resolve() == file
-
-
-def import_attr(spec: str):
-    """The object a `module.path:Attr` or `path/to/file.py:Attr` names."""
-    found = _file_id(spec)
-    if found is not None:
-        path, attr = found
-        module = _import_file(path)
-        if not hasattr(module, attr):
-            raise AttributeError(f"{module.__file__} defines no {attr!r}")
-        return getattr(module, attr)
-    module, _, name = spec.partition(":")
-    return getattr(_import_module(module), name)
-
-
-def _import_module(module: str):
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        # `lucid train my_envs:MyEnv` from a project directory: console scripts do not put
-        # the working directory on sys.path the way `python -m` does, so try it too.
-        cwd = os.getcwd()
-        if cwd in sys.path or (exc.name or "").split(".")[0] != module.split(".")[0]:
-            raise
-        sys.path.insert(0, cwd)
-        try:
-            return importlib.import_module(module)
-        except BaseException:  # not found there either, or it raised: sys.path as it was
-            sys.path.remove(cwd)
-            raise
-
-
 def _registered_by(spec: str) -> str | None:
     """gymnasium's `module:EnvId` (as `gym.make` takes it): the gymnasium id that importing
     the module (or file) registers; None where `spec` names one of its attributes."""
-    found = _file_id(spec)
+    found = file_id(spec)
     name = found[1] if found else spec.partition(":")[2]
     if name.isidentifier():  # an env class or a function (lucid's module:attr)
         return None
     try:
-        _import_file(found[0]) if found else _import_module(spec.partition(":")[0])
+        import_file(found[0]) if found else import_module(spec.partition(":")[0])
     except Exception:  # noqa: BLE001 - _user_env imports it again and names the error
         return None
     if name not in gym.registry:
@@ -266,15 +168,12 @@ def _registered_by(spec: str) -> str | None:
     return name
 
 
-INSTANCE_PREFIX = "lucid.api:_env_instance_"  # + "<n>_<class>": an env instance given to Dreamer
-
-
 def env_label(env_id: str) -> str:
     """How messages and run directory names call an env: an instance given to Dreamer by its
     class's name, any other env by its id."""
-    if env_id.startswith(INSTANCE_PREFIX):
-        return env_id[len(INSTANCE_PREFIX):].partition("_")[2] or env_id
-    found = _file_id(env_id)
+    if instances.is_instance(env_id):
+        return instances.label(env_id)
+    found = file_id(env_id)
     if found is not None:  # my_env.py:MyEnv, not the whole absolute path
         return f"{Path(found[0]).name}:{found[1]}"
     return env_id
@@ -297,12 +196,6 @@ def _user_env(spec: str, **kwargs) -> gym.Env:
     except (ImportError, AttributeError, ValueError) as exc:
         if isinstance(exc, MissingExtraError):
             raise
-        if spec.startswith(INSTANCE_PREFIX):
-            cls = env_label(spec)
-            raise UnknownEnvError(
-                f"this run was trained from Python on an env instance (Dreamer({cls}(...))), "
-                f"which no other process can rebuild; load it with "
-                f"Dreamer.load(path, env={cls}(...))") from None
         suites = ", ".join(f"{p}:" for p in SUITES)
         module = spec.partition(":")[0]
         missing = getattr(exc, "name", None) or ""
@@ -311,7 +204,7 @@ def _user_env(spec: str, **kwargs) -> gym.Env:
             raise UnknownEnvError(  # found the env's module: one of its imports is missing
                 f"cannot load environment {spec!r}: it imports {missing!r}, which is not "
                 f"installed in this environment (pip install it; {exc})") from exc
-        if isinstance(exc, ModuleNotFoundError) and _file_id(spec) is None:
+        if isinstance(exc, ModuleNotFoundError) and file_id(spec) is None:
             exc = f"{exc} (modules are imported from the current directory and PYTHONPATH: " \
                   f"run from the directory that holds it, add that to PYTHONPATH, or name " \
                   f"the file: path/to/file.py:EnvClass)"
@@ -344,6 +237,12 @@ def make_env(env_id: str, max_episode_steps: int | None = None, render_mode: str
     suite's settings (e.g. `gray=True` for Atari) or keyword arguments of a user's env."""
     if render_mode == "rgb_array":  # off-screen frames: pygame needs no display (headless)
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    if instances.is_instance(env_id):
+        try:
+            env = instances.make(env_id, render_mode=render_mode, **options)
+        except LookupError as exc:
+            raise UnknownEnvError(str(exc)) from None
+        return gym.wrappers.TimeLimit(env, max_episode_steps) if max_episode_steps else env
     suite, task = parse_env_id(env_id)
     if suite is not None:
         builder = SUITES[suite][0]
@@ -396,6 +295,15 @@ def make_env(env_id: str, max_episode_steps: int | None = None, render_mode: str
                           f"(pip install {exc.name})") from None
 
 
+def episode_metrics(env_id: str):
+    """A tracker of the suite's own metrics of finished episodes for the training log
+    (`update(info)` per step, `metrics()` per row, `state_dict()` in checkpoints): Crafter's
+    success rates and score. It counts any env whose infos carry Crafter's
+    `episode_achievements` (a wrapped Crafter too) and logs nothing for the others."""
+    from .crafter import AchievementTracker
+    return AchievementTracker()
+
+
 def env_info(info: dict, i: int) -> dict:
     """Env `i`'s entries of a vector env's batched info (those its `_key` masks mark)."""
     out = {}
@@ -416,16 +324,12 @@ def env_fn(env_id: str, max_episode_steps: int | None = None, **options: Any
     """A picklable zero-argument constructor (for vector envs, also AsyncVectorEnv). An env
     instance given to Dreamer travels with it: a process started without fork (spawn,
     forkserver: macOS, Windows, Python 3.14's default on Linux) cannot look it up."""
-    if env_id.startswith(INSTANCE_PREFIX):
-        api = sys.modules.get("lucid.api")
-        instance = api and api._INSTANCES.get(env_id.partition(":")[2])
-        if instance is not None:
-            return functools.partial(_from_instance, env_id, instance, max_episode_steps,
-                                     options)
+    instance = instances.get(env_id) if instances.is_instance(env_id) else None
+    if instance is not None:
+        return functools.partial(_from_instance, env_id, instance, max_episode_steps, options)
     return functools.partial(make_env, env_id, max_episode_steps, **options)
 
 
 def _from_instance(env_id: str, instance: gym.Env, max_episode_steps, options) -> gym.Env:
-    from .. import api  # in a spawned process: the instance is registered there too
-    api._adopt_instance(env_id.partition(":")[2], instance)
+    instances.adopt(env_id, instance)  # in a spawned process: the instance is registered there too
     return make_env(env_id, max_episode_steps, **options)
