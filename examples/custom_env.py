@@ -15,7 +15,7 @@ The task: an agent and a goal sit on a size x size grid. The agent moves by (dx,
 episode (a termination); every step costs 0.01; after `max_steps` steps the episode is
 truncated. Observations: "image", a 64x64x3 uint8 picture of the grid (agent red, goal green),
 and "position", the float64 vector (agent x, agent y, goal x, goal y) / (size - 1).
-lucid casts float64 vectors to float32 and accepts any image side divisible by 16.
+lucid casts float64 vectors to float32 and accepts images of any size from 16 pixels a side.
 """
 
 from __future__ import annotations

@@ -568,27 +568,69 @@ def _init_conv(conv: nn.Module, zero_bias: bool = True):
         nn.init.zeros_(conv.bias)
 
 
-class ImageEncoder(nn.Module):
-    """Four stride-2 4x4 convolutions (channels 1,2,4,8 x multiplier), LayerNorm + SiLU.
+IMAGE_MINRES = 4  # the authors' `minres`: the encoder halves the image until about this size
 
-    Input: float images (N, C, H, W) in [-0.5, 0.5] (`image_input`); H and W divisible by 16.
-    Output: the flattened (N, 8·mult·H/16·W/16) feature map.
+
+def image_sizes(height: int, width: int, minres: int = IMAGE_MINRES) -> list[tuple[int, int]]:
+    """(H, W) at the input of each stride-2 stage of the image encoder, then its output map.
+
+    The number of stages is floor(log2(min(H, W) / minres)), the authors' rule (their 2023
+    `ImageEncoderResnet`, with `int()` truncating, counts from one side; the shorter one here,
+    so a non-square image keeps both sides at least `minres`); each stage takes a side n to
+    ceil(n / 2), a "same"-padded convolution as theirs. The shorter side of the output map is
+    then between `minres` and 2·minres: 64 -> 4, 84 -> 6 (84, 42, 21, 11, 6), 96 -> 6,
+    32 -> 4 in 3 stages, 16 -> 4 in 2."""
+    short = min(height, width)
+    if short < 2 * minres:
+        raise ValueError(f"image sides must be at least {2 * minres} pixels, got "
+                         f"{height}x{width}")
+    stages = (short // minres).bit_length() - 1  # floor(log2(short / minres)), exactly
+    sizes = [(height, width)]
+    for _ in range(stages):
+        h, w = sizes[-1]
+        sizes.append((-(-h // 2), -(-w // 2)))
+    return sizes
+
+
+class _Crop(nn.Module):
+    """Keeps the first (H, W) rows and columns: after a transposed convolution, drops the
+    zero row (column) the encoder's "same" padding added after an odd side."""
+
+    def __init__(self, size: tuple[int, int]):
+        super().__init__()
+        self.size = tuple(size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[..., :self.size[0], :self.size[1]]
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}"
+
+
+class ImageEncoder(nn.Module):
+    """Stride-2 4x4 convolutions (channels 1, 2, 4, ... x multiplier), each followed by
+    LayerNorm + SiLU, until the shorter side is between 4 and 8 (`image_sizes`): four stages
+    for 64x64 (channels 1, 2, 4, 8 x mult, a 4x4 map), three for 32x32, two for 16x16.
+
+    Input: float images (N, C, H, W) in [-0.5, 0.5] (`image_input`); any H, W >= 8.
+    Output: the flattened (N, mult·2^(S-1)·h·w) map of the last stage (S stages, h x w).
     """
 
     def __init__(self, in_channels: int, mult: int, height: int, width: int):
         super().__init__()
-        if height % 16 or width % 16:
-            raise ValueError(f"image size must be divisible by 16, got {height}x{width}")
+        self.sizes = image_sizes(height, width)
         layers: list[nn.Module] = []
         ch = in_channels
-        for i in range(4):
+        for i, (h, w) in enumerate(self.sizes[:-1]):
+            if h % 2 or w % 2:  # "same" padding puts the odd side's extra zero row after
+                layers.append(nn.ZeroPad2d((0, w % 2, 0, h % 2)))
             out = mult * 2**i
             conv = nn.Conv2d(ch, out, 4, 2, padding=1, bias=False)
             _init_conv(conv)
             layers += [conv, ChannelNorm(out), nn.SiLU()]
             ch = out
         self.net = nn.Sequential(*layers)
-        self.out_dim = ch * (height // 16) * (width // 16)
+        self.out_dim = ch * math.prod(self.sizes[-1])
         # Run the convolutions on NHWC memory (`train.channels_last`): the same values, and
         # ChannelNorm's permute to channels-last is then free instead of a copy.
         self.channels_last = False
@@ -600,24 +642,30 @@ class ImageEncoder(nn.Module):
 
 
 class ImageDecoder(nn.Module):
-    """Mirror of the encoder: Linear to a (8·mult, H/16, W/16) map, then 4 stride-2 transposed
-    convolutions; the output is the mean of a unit-variance Gaussian over pixels in [-0.5, 0.5]."""
+    """Mirror of the encoder: Linear to its last map (mult·2^(S-1) channels, h x w), then S
+    stride-2 transposed convolutions through the encoder's sizes in reverse (each cut to the
+    size the encoder saw there, so odd sides come out exact); the output is the mean of a
+    unit-variance Gaussian over pixels in [-0.5, 0.5]."""
 
     def __init__(self, in_dim: int, out_channels: int, mult: int, height: int, width: int):
         super().__init__()
-        self.shape = (8 * mult, height // 16, width // 16)
+        sizes = image_sizes(height, width)
+        stages = len(sizes) - 1
+        ch = mult * 2 ** (stages - 1)
+        self.shape = (ch, *sizes[-1])
         self.linear = linear(in_dim, math.prod(self.shape))
         layers: list[nn.Module] = []
-        ch = 8 * mult
-        for i in range(3):
-            out = ch // 2
-            conv = nn.ConvTranspose2d(ch, out, 4, 2, padding=1, bias=False)
+        for i in reversed(range(stages)):  # from the map of stage i + 1 to the input of i
+            last = i == 0
+            out = out_channels if last else ch // 2
+            conv = nn.ConvTranspose2d(ch, out, 4, 2, padding=1, bias=last)
             _init_conv(conv)
-            layers += [conv, ChannelNorm(out), nn.SiLU()]
+            layers.append(conv)
+            if sizes[i] != tuple(2 * n for n in sizes[i + 1]):  # an odd side there
+                layers.append(_Crop(sizes[i]))
+            if not last:
+                layers += [ChannelNorm(out), nn.SiLU()]
             ch = out
-        conv = nn.ConvTranspose2d(ch, out_channels, 4, 2, padding=1, bias=True)
-        _init_conv(conv)
-        layers.append(conv)
         self.net = nn.Sequential(*layers)
 
     def forward(self, feat: torch.Tensor) -> torch.Tensor:

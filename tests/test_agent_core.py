@@ -436,8 +436,8 @@ def _np_conv_s2(x, w):  # x (N, C, H, W), w (O, C, 4, 4): stride 2, padding 1, n
 
 def test_encoder_by_hand_symlog_mlp_and_cnn_of_centred_pixels():
     """Vectors: symlog, then (Linear, LayerNorm ε=1e-3, SiLU) per layer; images: pixels/255 -
-    0.5, then (4x4 stride-2 conv, LayerNorm over channels, SiLU) x 4, flattened; both
-    concatenated. Inputs are spread over magnitudes and the first layers' weights are
+    0.5, then (4x4 stride-2 conv, LayerNorm over channels, SiLU) x 2 (16x16 to 4x4),
+    flattened; both concatenated. Inputs are spread over magnitudes and the first layers' weights are
     shrunk, so symlog, the centring and ε each change the result."""
     from lucid.world_model import Encoder
     spec = ObsSpec(images={"cam": (16, 16, 3)}, vectors={"vec": 3})
@@ -473,9 +473,9 @@ def _np_conv_t_s2(x, w, b=None):  # x (N, C, H, W), w (C, O, 4, 4): stride 2, pa
 
 def test_decoder_by_hand_mlp_for_vectors_and_transposed_cnn_for_images():
     """Vectors: (Linear, LayerNorm, SiLU) per layer, then a Linear with bias, split per key.
-    Images: a Linear (no norm) to an (8·mult, H/16, W/16) map, 3 x (4x4 stride-2 transposed
-    conv, LayerNorm over channels, SiLU), then a transposed conv with bias to the channels of
-    all image keys, split per key."""
+    Images: a Linear (no norm) to the encoder's last map (2·mult, 4, 4 for 16x16), 1 x (4x4
+    stride-2 transposed conv, LayerNorm over channels, SiLU), then a transposed conv with bias
+    to the channels of all image keys, split per key."""
     from lucid.world_model import Decoder
     spec = ObsSpec(images={"cam": (16, 16, 3), "depth": (16, 16, 1)}, vectors={"a": 2, "b": 3})
     dec = Decoder(spec, 20, cfg("nano").model.dims())
@@ -491,7 +491,7 @@ def test_decoder_by_hand_mlp_for_vectors_and_transposed_cnn_for_images():
     x = x @ p["mlp.out.weight"].T + p["mlp.out.bias"]
     y = feat.reshape(6, 20).astype(np.float64) @ p["cnn.linear.weight"].T + p["cnn.linear.bias"]
     y = y.reshape(6, *dec.cnn.shape)
-    assert dec.cnn.shape[1:] == (1, 1)  # 16x16 images: a 1x1 map, doubled 4 times
+    assert dec.cnn.shape[1:] == (4, 4)  # 16x16 images: a 4x4 map, doubled twice
     last = len(dec.cnn.net) - 1
     for i in range(0, last, 3):
         y = _np_channel_norm_silu(_np_conv_t_s2(y, p[f"cnn.net.{i}.weight"]), p,

@@ -468,14 +468,13 @@ def test_discrete_observations_become_one_hots_from_their_start_and_others_are_r
             spec.convert(np.array([bad]), (1,))
 
 
-def test_images_of_one_to_four_channels_are_images_and_both_sides_must_divide_by_16():
+def test_images_of_one_to_four_channels_are_images_of_any_size():
     for c in (1, 3, 4):  # gray, RGB, RGBA
         spec = ObsSpec.from_space(gym.spaces.Box(0, 255, (32, 48, c), np.uint8))
         assert spec.images == {"image": (32, 48, c)} and not spec.vectors
-    for h, w in ((64, 72), (72, 64)):
-        with pytest.raises(TypeError, match=f"is {h}x{w}; lucid's image encoder needs sides "
-                                            f"divisible by 16"):
-            ObsSpec.from_space(gym.spaces.Box(0, 255, (h, w, 3), np.uint8))
+    for h, w in ((64, 72), (72, 64), (84, 84)):  # sides that 16 does not divide
+        spec = ObsSpec.from_space(gym.spaces.Box(0, 255, (h, w, 3), np.uint8))
+        assert spec.images == {"image": (h, w, 3)}
 
 
 def test_bool_box_actions_are_true_above_the_middle_of_the_model_range():

@@ -124,13 +124,7 @@ class ObsSpec:
             spec.paths[name] = path
             spec.shapes[name] = tuple(int(d) for d in sub.shape)
             spec.dtypes[name] = np.dtype(sub.dtype)
-            if image:
-                h, w, _ = spec.shapes[name]
-                if h % 16 or w % 16:
-                    raise TypeError(f"the image observation{where} is {h}x{w}; lucid's image "
-                                    f"encoder needs sides divisible by 16: resize it, e.g. with "
-                                    f"gymnasium.wrappers.ResizeObservation(env, (64, 64)), the "
-                                    f"paper's size")
+            if image:  # any H x W (both >= 16): the encoder's stages follow the size
                 spec.images[name] = spec.shapes[name]
                 spec.image_scale[name] = _image_scale(sub, where)
             elif isinstance(sub, (gym.spaces.Box, gym.spaces.MultiBinary)):
