@@ -171,7 +171,8 @@ def test_atari_spaces_and_settings_of_both_benchmarks():
     assert env.observation_space == gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
     assert env.action_space.n == 18  # full action set
     pre = _find(env, gym.wrappers.AtariPreprocessing)
-    assert pre.frame_skip == 4 and pre.noop_max == 0 and not pre.terminal_on_life_loss
+    assert pre.frame_skip == 4 and pre.noops == 0 and not pre.terminal_on_life_loss
+    assert pre.noop_max == 0  # gymnasium's own no-ops (1 to noop_max) are never used
     assert pre.sticky == 0.25
     assert env.unwrapped.ale.getInt("max_num_frames_per_episode") == 108_000
     assert env.unwrapped.ale.getFloat("repeat_action_probability") == 0.0  # ours, per frame
@@ -182,7 +183,8 @@ def test_atari_spaces_and_settings_of_both_benchmarks():
     env = make_env("atari100k:Pong")
     assert env.action_space.n == 6  # minimal action set
     assert _find(env, gym.wrappers.AtariPreprocessing).sticky == 0.0
-    assert _find(env, gym.wrappers.AtariPreprocessing).noop_max == 30
+    assert _find(env, gym.wrappers.AtariPreprocessing).noops == 30
+    assert _find(env, gym.wrappers.AtariPreprocessing).noop_max == 0
     env.close()
 
     env = make_env("atari:Pong", gray=True)
@@ -337,16 +339,31 @@ def test_atari_sticky_must_be_a_probability_and_1_always_repeats_the_noop():
     env.close()
 
 
-def test_atari100k_takes_1_to_30_noops_at_reset():
-    env = make_env("atari100k:Pong")
+def _noops_at_resets(env, resets: int) -> list[int]:
     spy = AleSpy(env)
     counts = []
-    for seed in range(12):
+    for _ in range(resets):
         n0 = len(spy.actions)
-        env.reset(seed=seed)
+        env.reset()
         counts.append(len(spy.actions) - n0)
-        assert set(spy.actions[n0:]) <= {0}
-    assert all(1 <= c <= 30 for c in counts) and len(set(counts)) > 1, counts
+        assert set(spy.actions[n0:]) <= {0}  # NOOP frames only
+    return counts
+
+
+def test_atari100k_takes_0_to_29_noops_at_reset_as_the_authors_randint_30():
+    """The authors' Atari env takes `randint(noops)` NOOP frames after a reset, 0 to 29 for
+    Atari100k's noops=30 (gymnasium's noop_max=30 would take 1 to 30). Over 300 resets every
+    count from 0 to 29 appears and none outside; the draws follow the env's seed."""
+    env = make_env("atari100k:Pong")
+    env.reset(seed=0)
+    counts = _noops_at_resets(env, 300)
+    assert sorted(set(counts)) == list(range(30)), sorted(set(counts))
+    assert 10 < np.mean(counts) < 19  # uniform over 0..29: mean 14.5, sd of the mean 0.5
+    env.reset(seed=0)
+    assert _noops_at_resets(env, 20) == counts[:20]
+    env.close()
+    env = make_env("atari100k:Pong", noops=1)  # randint(1): no no-ops at all
+    assert _noops_at_resets(env, 5) == [0] * 5
     env.close()
 
 

@@ -3,14 +3,14 @@
 `atari:Pong` (Atari 200M protocol): 64x64 RGB, action repeat 4 with a max-pool over the last
 two frames, sticky actions 0.25 (per emulator frame, Machado et al. 2018), the full action set
 of 18, no life-loss signal, episodes truncated at 108,000 emulator frames.
-`atari100k:Pong`: the same without sticky actions, with 1-30 random no-ops at reset and the
-game's minimal action set.
+`atari100k:Pong`: the same without sticky actions, with 0-29 random no-ops at reset (the
+authors' `randint(30)`) and the game's minimal action set.
 
 The stack is ale-py's gymnasium env (frameskip 1, for reset, seeding, spaces and rendering)
--> our subclass of gymnasium's AtariPreprocessing (no-ops at reset, resize with cv2
-INTER_AREA, grayscale option), whose step drives the emulator itself: per emulator frame the
-sticky-action draw and `ale.act`, the screen grabbed for the max-pool of the last two frames,
-and an episode's last observation is its final screen.
+-> our subclass of gymnasium's AtariPreprocessing (resize with cv2 INTER_AREA, grayscale
+option), whose reset draws the no-ops and whose step drives the emulator itself: per
+emulator frame the sticky-action draw and `ale.act`, the screen grabbed for the max-pool of
+the last two frames, and an episode's last observation is its final screen.
 """
 
 from __future__ import annotations
@@ -71,23 +71,43 @@ class AtariPreprocessing(gym.wrappers.AtariPreprocessing):
     * The observation returned when an episode ends during the frame repeat shows the final
       screen (gymnasium's stops before grabbing it, so every episode's last observation
       would repeat the previous one).
+    * No-ops at reset: 0 to `noops` - 1 emulator frames of NOOP, drawn uniformly from the
+      env's seeded `np_random`, as the authors' `randint(noops)`; gymnasium's `noop_max`
+      draws 1 to noop_max, so it is kept at 0 here.
     * Each emulator frame is one `ale.act` (what ale-py's env step does with frameskip 1,
       without its per-frame observation copy, info dict and wrapper calls); the screens are
       read straight into this wrapper's buffers. Resets and their no-ops still go through
       ale-py's env, and `env.render()` reads the ALE's screen."""
 
-    def __init__(self, env: gym.Env, sticky: float = 0.0, **kwargs):
-        super().__init__(env, **kwargs)
+    def __init__(self, env: gym.Env, sticky: float = 0.0, noops: int = 0, **kwargs):
+        if kwargs.get("noop_max"):
+            raise ValueError("give the no-ops as noops=N (0 to N - 1 drawn at reset), not "
+                             "gymnasium's noop_max (1 to N)")
+        super().__init__(env, noop_max=0, **kwargs)
         if not 0.0 <= sticky <= 1.0:
             raise ValueError(f"sticky must be a probability in [0, 1], got {sticky}")
+        if noops < 0:
+            raise ValueError(f"noops must be >= 0, got {noops}")
         self.sticky = float(sticky)
+        self.noops = int(noops)
         self.base = env.unwrapped
         self.action_set = self.base._action_set
+        if self.noops and self.base.get_action_meanings()[0] != "NOOP":
+            raise ValueError("no-ops at reset need the game's action 0 to be NOOP")
         self.last_action = self.action_set[0]  # NOOP
 
-    def reset(self, **kwargs):
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
         self.last_action = self.action_set[0]
-        return super().reset(**kwargs)
+        _, info = self.env.reset(seed=seed, options=options)
+        for _ in range(int(self.base.np_random.integers(self.noops)) if self.noops else 0):
+            _, _, terminated, truncated, step_info = self.env.step(0)
+            info.update(step_info)
+            if terminated or truncated:  # not reseeded: that would replay the same start
+                _, info = self.env.reset(options=options)
+        self.lives = self.ale.lives()
+        self._grab(self.obs_buffer[0])
+        self.obs_buffer[1].fill(0)
+        return self._get_obs(), info
 
     def _grab(self, out):
         if self.grayscale_obs:
@@ -123,7 +143,7 @@ def wrap(env: gym.Env, size: int = 64, repeat: int = 4, gray: bool = False, noop
          life_loss: bool = False, sticky: float = 0.0) -> gym.Env:
     """Sticky actions, frame repeat with max-pool of the last two frames, resize, no-ops."""
     return AtariPreprocessing(
-        env, sticky=sticky, noop_max=noops, frame_skip=repeat, screen_size=size,
+        env, sticky=sticky, noops=noops, frame_skip=repeat, screen_size=size,
         terminal_on_life_loss=life_loss, grayscale_obs=gray, grayscale_newaxis=True,
         scale_obs=False)
 
