@@ -33,7 +33,7 @@ from common import machine, write_json  # noqa: E402
 
 from lucid.agent import Agent  # noqa: E402
 from lucid.config import make_config  # noqa: E402
-from lucid.envs.spaces import ActionSpec, ObsSpec  # noqa: E402
+from lucid.specs import ActionSpec, ObsSpec  # noqa: E402
 from lucid.runner import Collector  # noqa: E402
 
 

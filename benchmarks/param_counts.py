@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lucid.config import SIZES, make_config  # noqa: E402
-from lucid.envs.spaces import ActionSpec, ObsSpec  # noqa: E402
+from lucid.specs import ActionSpec, ObsSpec  # noqa: E402
 from lucid.world_model import WorldModel  # noqa: E402
 from lucid.behavior import Actor, Critic  # noqa: E402
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, peak_rss_mb, rss_anon_mb, rss_mb, write_json  # noqa: E402
 
-from lucid.envs.spaces import ObsSpec  # noqa: E402
+from lucid.specs import ObsSpec  # noqa: E402
 from lucid.replay import Replay, to_batch  # noqa: E402
 
 

@@ -47,7 +47,7 @@ from common import (ACTION_KINDS, OBS_KINDS, machine, matmul_peak, peak_rss_mb, 
 
 from lucid.agent import Agent  # noqa: E402
 from lucid.config import SIZES, for_device, make_config  # noqa: E402
-from lucid.envs.spaces import ActionSpec, ObsSpec  # noqa: E402
+from lucid.specs import ActionSpec, ObsSpec  # noqa: E402
 from lucid.system import tune_malloc  # noqa: E402
 
 

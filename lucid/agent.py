@@ -22,7 +22,7 @@ from .behavior import (Actor, Critic, ReturnNorm, actor_loss, critic_loss, episo
 from .config import Config, ConfigError, for_device
 from .nets import dense_for
 from .plugins import import_attr
-from .envs.spaces import ActionSpec, ObsSpec
+from .specs import ActionSpec, ObsSpec
 from .world_model import State, WorldModel
 
 

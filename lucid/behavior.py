@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig, TrainConfig
-from .envs.spaces import ActionSpec
+from .specs import ActionSpec
 from .nets import (Head, TwoHot, categorical_entropy, dense_for, fp32, onehot_mode,
                    onehot_sample, unimix_logits)
 

@@ -17,7 +17,7 @@ import numpy as np
 from .behavior import uses_reinforce
 from .config import Config
 from .envs import ActionSpec, ObsSpec, env_label, make_env
-from .envs.spaces import _leaves
+from .specs import leaves
 from .envs.checks import fits, spaces_of
 
 
@@ -154,7 +154,7 @@ def _rollout(env, obs_spec: ObsSpec, act_spec: ActionSpec, steps: int, seed: int
 def _beyond(space: gym.Space, obs) -> bool:
     """Whether a Box part of `obs` lies beyond its bounds (values only: a float64 array for a
     float32 Box is not beyond them)."""
-    for path, leaf in _leaves(space):
+    for path, leaf in leaves(space):
         if isinstance(leaf, gym.spaces.Box):
             x = np.asarray(ActionSpec._get(obs, path), np.float64)  # the leaf at that path
             if np.any((x < leaf.low) | (x > leaf.high)):

@@ -18,7 +18,7 @@ import torch
 
 from .envs import env_info
 from .envs.checks import close_env
-from .envs.spaces import ActionSpec, ObsSpec
+from .specs import ActionSpec, ObsSpec
 from .warn import raised_at, warn
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig, TrainConfig
-from .envs.spaces import ObsSpec
+from .specs import ObsSpec
 from .nets import (MLP, Head, ImageDecoder, ImageEncoder, NormGRUCell, OneHotCat, TwoHot,
                    categorical_entropy, categorical_kl, fp32, linear, one_hot, onehot_mode,
                    onehot_sample, symlog, unimix_index, unimix_logits)

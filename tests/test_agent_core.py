@@ -14,7 +14,7 @@ import torch
 from lucid.agent import Agent
 from lucid.behavior import Actor, Critic, actor_loss, critic_loss
 from lucid.config import make_config
-from lucid.envs.spaces import ActionSpec, ObsSpec
+from lucid.specs import ActionSpec, ObsSpec
 from lucid.nets import onehot_mode, symexp
 from lucid.world_model import WorldModel
 from numpy_ref import np_log_softmax, np_symlog, np_twohot_ce, np_twohot_mean, t2n

@@ -27,7 +27,7 @@ from lucid import agent as lucid_agent  # noqa: E402
 from lucid import kernels as lucid_kernels  # noqa: E402
 from lucid.agent import Agent  # noqa: E402
 from lucid.config import make_config  # noqa: E402
-from lucid.envs.spaces import ActionSpec  # noqa: E402
+from lucid.specs import ActionSpec  # noqa: E402
 from lucid.world_model import WorldModel  # noqa: E402
 
 B, T, H, CHUNK = 4, 4, 3, 2  # the training-loop test below uses the same shapes

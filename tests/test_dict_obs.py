@@ -8,7 +8,7 @@ import torch
 
 from lucid.agent import Agent
 from lucid.config import make_config
-from lucid.envs.spaces import ActionSpec, ObsSpec
+from lucid.specs import ActionSpec, ObsSpec
 
 
 def test_dict_observation_routes_images_and_vectors_to_their_own_encoder_and_decoder():

@@ -11,7 +11,7 @@ import torch
 
 from lucid.agent import Agent
 from lucid.config import make_config
-from lucid.envs.spaces import ActionSpec, ObsSpec
+from lucid.specs import ActionSpec, ObsSpec
 from lucid.nets import ChannelNorm, ImageDecoder, ImageEncoder, _Crop, image_sizes
 from lucid.train import Trainer
 from lucid.world_model import image_input

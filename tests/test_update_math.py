@@ -35,7 +35,7 @@ import torch
 from lucid.agent import Agent
 from lucid.behavior import replay_critic_loss
 from lucid.config import make_config
-from lucid.envs.spaces import ActionSpec, ObsSpec
+from lucid.specs import ActionSpec, ObsSpec
 from lucid.nets import OneHotCat
 from numpy_ref import (BINS, loop_imagined_weights, loop_lambda_return, np_log_softmax,
                        np_symlog, np_twohot, np_twohot_ce, np_twohot_mean, t2n)

@@ -25,7 +25,7 @@ import torch
 from determinism import deterministic_sampling
 from lucid.agent import Agent
 from lucid.config import make_config
-from lucid.envs.spaces import ActionSpec, ObsSpec
+from lucid.specs import ActionSpec, ObsSpec
 
 RECORD = Path(__file__).parent / "data" / "update_metrics.json"
 VEC = ObsSpec(vectors={"vector": 4})

@@ -22,7 +22,7 @@ from lucid import video
 from lucid.agent import Agent
 from lucid.cli import app
 from lucid.config import as_dict, make_config
-from lucid.envs.spaces import ActionSpec, ObsSpec
+from lucid.specs import ActionSpec, ObsSpec
 from lucid.nets import onehot_mode, symexp
 from lucid.plot import eval_points, group_curve, group_runs, load_run, plot_runs
 from lucid.replay import to_batch

@@ -2,7 +2,7 @@
 
     CartPole-v1, ALE/Pong-v5, ...   any registered gymnasium id
     atari:Pong                      Atari, the 2023 paper's settings (sticky actions, 108k frames)
-    atari100k:Pong                  Atari100k (no sticky actions, 30 no-ops, minimal action set)
+    atari100k:Pong                  Atari100k (no sticky actions, 0-29 no-ops, minimal action set)
     dmc:walker-walk                 DeepMind Control, proprioceptive vector, action repeat 2
     dmc-vision:walker-walk          DeepMind Control, 64x64 camera images, action repeat 2
     crafter                         Crafter, 64x64x3 (also crafter:reward, crafter:noreward)
@@ -34,7 +34,7 @@ import numpy as np
 from ..plugins import file_id, import_attr, import_file, import_module
 from . import instances
 from .extras import MissingExtraError
-from .spaces import ActionSpec, ObsSpec
+from ..specs import ActionSpec, ObsSpec
 
 __all__ = ["make_env", "env_fn", "default_preset", "SUITES", "ObsSpec", "ActionSpec",
            "UnknownEnvError", "MissingExtraError"]

@@ -9,7 +9,7 @@ import numpy as np
 from ..config import Config
 from ..warn import warn
 from . import env_label, make_env
-from .spaces import ActionSpec, ObsSpec
+from ..specs import ActionSpec, ObsSpec
 
 
 def spaces_of(cfg: Config) -> tuple[ObsSpec, ActionSpec]:

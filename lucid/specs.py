@@ -15,7 +15,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from ..warn import warn
+from .warn import warn
 
 SUPPORTED_OBS = ("Box (vectors of any shape, images H x W x C), Discrete, MultiDiscrete, "
                  "MultiBinary, and Dict and Tuple spaces of these")
@@ -31,15 +31,15 @@ class ObservationKeyError(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def _leaves(space: gym.Space, path: tuple = ()):
+def leaves(space: gym.Space, path: tuple = ()):
     """(path, leaf space) of every leaf of a Dict/Tuple space, in order; a path is the Dict
     keys and Tuple indices that lead to the leaf."""
     if isinstance(space, gym.spaces.Dict):
         for key, sub in space.spaces.items():
-            yield from _leaves(sub, (*path, key))
+            yield from leaves(sub, (*path, key))
     elif isinstance(space, gym.spaces.Tuple):
         for i, sub in enumerate(space.spaces):
-            yield from _leaves(sub, (*path, i))
+            yield from leaves(sub, (*path, i))
     else:
         yield path, space
 
@@ -103,7 +103,7 @@ class ObsSpec:
     @classmethod
     def from_space(cls, space: gym.Space) -> "ObsSpec":
         spec = cls()
-        items = list(_leaves(space))
+        items = list(leaves(space))
         if not items:
             raise TypeError(f"the observation space is an empty {type(space).__name__}: lucid "
                             f"needs at least one observation to learn from")
@@ -317,7 +317,7 @@ class ActionSpec:
         the discrete leaves' one-hots first, then the Box leaves' dimensions, each in leaf
         order (`slices`): categoricals and one Normal, as for flat spaces of each kind."""
         parts = [(path, cls.from_space(leaf, "/".join(map(str, path))))
-                 for path, leaf in _leaves(space)]
+                 for path, leaf in leaves(space)]
         if not parts:
             raise TypeError(f"the action space {space} has no actions in it")
         disc = [part for _, part in parts if part.is_discrete]
