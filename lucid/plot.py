@@ -147,12 +147,19 @@ def group_runs(runs: Sequence[Run], names: Sequence[str] | None = None
                                             members[0].path.name, cfg.get("run.tag")]))
         else:  # every differing key where three leave this group's label another's
             label = short[i] if short.count(short[i]) == 1 else describe(cfg, None)
-        n = len(members)
-        label = f"{label} ({n} seed{'s' if n != 1 else ''})"
+        label = f"{label} ({_count(members)})"
         while label in labels:
             label += "'"
         labels[label] = members
     return labels
+
+
+def _count(members: Sequence[Run]) -> str:
+    """"3 seeds", or "3 runs, 1 seed" where runs share a seed (repeats, not seeds)."""
+    n, seeds = len(members), len({repr(m.config.get("run.seed")) for m in members})
+    if seeds == n:
+        return f"{n} seed{'s' if n != 1 else ''}"
+    return f"{n} runs, {seeds} seed{'s' if seeds != 1 else ''}"
 
 
 def _describe(key: str, cfg: dict) -> str:
