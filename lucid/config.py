@@ -368,6 +368,12 @@ def make_config(preset: str = "default", overrides: list[str] | dict | None = No
             layers.append(OmegaConf.from_dotlist(list(overrides)))
         except Exception as exc:  # malformed dotlist
             raise ConfigError(f"cannot parse overrides {overrides}: {exc}") from exc
+        glued = _glued_keys(OmegaConf.to_container(layers[-1]))
+        if glued:  # YAML reads {size:7} as the key "size:7" without a value
+            key, value = glued[0].split(":", 1)
+            raise ConfigError(f"override {', '.join(overrides)} gives the key {glued[0]!r} "
+                              f"with no value: YAML needs a space after the colon, e.g. "
+                              f"{{{key}: {value}}}")
     cfg = base
     for layer in layers:
         try:
@@ -386,6 +392,14 @@ def make_config(preset: str = "default", overrides: list[str] | dict | None = No
     obj: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     validate(obj)
     return obj
+
+
+def _glued_keys(tree: Any) -> list[str]:
+    """Mapping keys `k:v` whose value is None, anywhere in `tree`."""
+    if not isinstance(tree, dict):
+        return [k for v in tree for k in _glued_keys(v)] if isinstance(tree, list) else []
+    return [k for k, v in tree.items() if isinstance(k, str) and ":" in k and v is None] + [
+        k for v in tree.values() for k in _glued_keys(v)]
 
 
 def validate(cfg: Config) -> None:
