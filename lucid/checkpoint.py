@@ -211,6 +211,12 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
 
 
 def _unreadable(path: Path, exc: Exception) -> str:
+    """Why `path` is no checkpoint: a text file (given by mistake) is named as one; anything
+    else that torch cannot read is cut off or damaged."""
+    head = path.read_bytes()[:512]
+    if head and all(32 <= b < 127 or b in b"\t\r\n" for b in head):
+        return (f"{path} is a text file, not a lucid checkpoint: give a file that Dreamer.save "
+                f"wrote, or a run directory (its checkpoints/*.pt)")
     first = str(exc).split(". ")[0].strip() or type(exc).__name__
     return f"{path} is not a readable checkpoint (truncated or corrupt: {first[:160]})"
 

@@ -30,7 +30,8 @@ def test_malicious_checkpoint_runs_nothing(tmp_path):
     assert not os.path.exists(marker)
     text = tmp_path / "train.py"  # a file given by mistake is no threat, only not a checkpoint
     text.write_text("import os\nprint(1)\n")
-    with pytest.raises(ValueError, match="train.py is not a readable checkpoint"):
+    with pytest.raises(ValueError, match=r"train.py is a text file, not a lucid checkpoint: "
+                                         r"give a file that Dreamer.save wrote"):
         load_checkpoint(text)
     with pytest.raises(FileNotFoundError, match=r"cannot write .*x.pt: the directory .*missing "
                                                 r"does not exist"):
