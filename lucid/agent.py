@@ -15,7 +15,6 @@ import contextlib
 import torch
 from torch import nn
 
-from . import kernels
 from .behavior import (Actor, Critic, ReturnNorm, actor_loss, critic_loss, episode_ends,
                        imagined_weights, lambda_return, replay_critic_loss, replay_lambda_return,
                        uses_reinforce)
@@ -23,6 +22,7 @@ from .config import Config, ConfigError, for_device
 from .nets import dense_for
 from .plugins import import_attr
 from .specs import ActionSpec, ObsSpec
+from .warn import warn
 from .world_model import State, WorldModel
 
 
@@ -129,8 +129,9 @@ class Agent:
         self.wm.skip_resets = self.device.type == "cpu"
         for head in (self.wm.reward, self.critic.net, self.critic.slow):  # 255-bin heads
             head.pad_to = 8 if t.pad_bins else 0
-        # Process-wide, as the last agent built asks; CPU kernels, so not built for a GPU.
-        kernels.enable(t.cpp_kernels and self.device.type == "cpu")
+        if t.cpp_kernels:
+            warn("train.cpp_kernels has no effect any more (lucid has no C++ kernels of its "
+                 "own); remove it from the config")
         graph = t.cuda_graph
         self.opt_wm = _adam(self.wm.parameters(), t.model_lr, t.model_eps, graph)
         self.opt_actor = _adam(self.actor.parameters(), t.actor_lr, t.actor_eps, graph)

@@ -164,11 +164,9 @@ class TrainConfig:
     onehot_gather: Optional[bool] = None  # imagined z as indices, no one-hot matmul (null: CPU)
     channels_last: bool = True  # image encoder convolutions on NHWC memory
     pad_bins: bool = True  # 255-bin heads give 256 logits, the extra one -inf (same distribution)
-    # C++ CPU kernels (lucid.kernels: the one-hot layers' table gradient, the 255-bin heads'
-    # softmax and two-hot mean without gradient, the imagined latents' samples, each in one
-    # pass), built once per machine with the C++ compiler train.compile also needs (~40 s,
-    # then cached).
-    cpp_kernels: bool = False  # lucid's C++ CPU kernels, built on first use
+    # Accepted so that config.yaml files that name it still load: lucid no longer has C++
+    # kernels of its own (their gain did not justify a compiler at run time); true warns.
+    cpp_kernels: bool = False  # no effect (kept for old config.yaml files)
     # CUDA only: capture the whole update (losses, backward passes, optimiser steps) as one
     # CUDA graph and replay it per batch (lucid.agent.GraphedUpdate); one process, fixed B, T.
     # Settings left null are chosen for the learner's device (config.for_device): on CUDA

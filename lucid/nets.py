@@ -13,8 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import kernels
-
 LN_EPS = 1e-3  # LayerNorm epsilon of the authors' code
 
 
@@ -95,31 +93,13 @@ class TwoHot:
 
     def mean(self, logits: torch.Tensor) -> torch.Tensor:
         """Expected value in real space: symexp(sum_i softmax(logits)_i * bin_i)."""
-        if self._fused(logits):
-            return self._fused_probs_mean(logits, with_probs=False)[1]
         return self.mean_of(self.probs(logits))
 
     def probs_and_mean(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`probs(logits)` and `mean(logits)`, in one pass with `train.cpp_kernels` (without
-        gradient: the critic's values and the probabilities its loss reuses)."""
-        if self._fused(logits):
-            return self._fused_probs_mean(logits, with_probs=True)
+        """`probs(logits)` and `mean(logits)` from one softmax (the critic's values and the
+        probabilities its loss reuses)."""
         probs = self.probs(logits)
         return probs, self.mean_of(probs)
-
-    def _fused_probs_mean(self, logits: torch.Tensor,
-                          with_probs: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        x = fp32(logits)
-        probs, avg = twohot_softmax_mean(x, self.bins(x), with_probs)
-        return probs, symexp(avg)
-
-    def _fused(self, logits: torch.Tensor) -> bool:
-        """Whether the C++ softmax-and-mean applies: enabled for these logits (CPU, not
-        float64), bins symmetric about an exact 0 (the pairwise mean) and no gradient
-        wanted."""
-        self._check_width(logits)
-        return (kernels.enabled(logits) and self.num_bins % 2 == 1 and self.low == -self.high
-                and not (torch.is_grad_enabled() and logits.requires_grad))
 
     def mean_of(self, probs: torch.Tensor) -> torch.Tensor:
         """`mean` from the bins' probabilities. Mirrored bins are taken pairwise, sum_j bin_j
@@ -155,22 +135,6 @@ class TwoHot:
             # rounding): logsumexp = max logit - log(max prob), no second pass of exp.
             lse = logits.amax(-1, keepdim=True) - probs.amax(-1, keepdim=True).log()
         return list(_TwoHotNLL.apply(logits, probs, lse, below, w_above).unbind(0))
-
-
-@torch.library.custom_op("lucid::twohot_softmax_mean", mutates_args=())
-def twohot_softmax_mean(logits: torch.Tensor, bins: torch.Tensor,
-                        with_probs: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(softmax(logits) or an empty tensor, the two-hot mean in symlog space) of float32
-    logits (..., W >= bins) in one C++ pass per row (`lucid.kernels`, `train.cpp_kernels`);
-    no gradient. An opaque operator, so `train.compile` calls it as it is."""
-    probs, mean = kernels.module().twohot_softmax_mean(logits, bins, bins.numel(), with_probs)
-    return probs, mean
-
-
-@twohot_softmax_mean.register_fake
-def _(logits: torch.Tensor, bins: torch.Tensor, with_probs: bool):
-    return (logits.new_empty(logits.shape if with_probs else (0,)),
-            logits.new_empty(logits.shape[:-1]))
 
 
 class _TwoHotNLL(torch.autograd.Function):
@@ -245,25 +209,8 @@ def categorical_index(probs: torch.Tensor, u: torch.Tensor | None = None) -> tor
 
 def unimix_index(logits: torch.Tensor, unimix: float, u: torch.Tensor) -> torch.Tensor:
     """`categorical_index(unimix_probs(logits, unimix), u)` without gradient (the imagined
-    latents), in one C++ pass per (row, group) with `train.cpp_kernels` in eager updates.
-    Compiled graphs keep the ATen ops, which inductor fuses with their neighbours (the
-    opaque kernel was not faster there: 0.98x at mini, docs/performance.md)."""
-    if kernels.enabled(logits) and not torch.compiler.is_compiling():
-        flat = fp32(logits).reshape(-1, logits.shape[-1])
-        return unimix_sample(flat, u.reshape(-1).to(torch.float32),
-                             float(unimix)).reshape(logits.shape[:-1])
+    latents)."""
     return categorical_index(unimix_probs(logits, unimix), u)
-
-
-@torch.library.custom_op("lucid::unimix_sample", mutates_args=())
-def unimix_sample(logits: torch.Tensor, u: torch.Tensor, unimix: float) -> torch.Tensor:
-    """`unimix_index` of float32 logits (rows, K) from uniforms u (rows): lucid.kernels."""
-    return kernels.module().unimix_sample(logits, u, unimix)
-
-
-@unimix_sample.register_fake
-def _(logits: torch.Tensor, u: torch.Tensor, unimix: float) -> torch.Tensor:
-    return logits.new_empty(logits.shape[:1], dtype=torch.long)
 
 
 def onehot_sample(logp: torch.Tensor, straight_through: bool = True,
@@ -354,8 +301,7 @@ def linear_in(layer: nn.Linear, x: torch.Tensor | OneHotCat) -> torch.Tensor:
 @torch.library.custom_op("lucid::gather_sum", mutates_args=())
 def gather_sum(idx: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Row r: sum over groups g of table[idx[r, g]] (embedding_bag's "sum"), whose table
-    gradient is one index_add_ of the output gradient per group (`gather_sum_grad`; one C++
-    pass over all groups with `train.cpp_kernels`). On
+    gradient is one index_add_ of the output gradient per group (`gather_sum_grad`). On
     CPUs that is 4-8x faster than embedding_bag's own backward, which sorts all rows·G
     indices: at XXS it took 58 ms per call for the actor's and the critic's first layers
     over 15,360 imagined states. Both are opaque operators, so `train.compile` calls them
@@ -370,11 +316,7 @@ def _(idx: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("lucid::gather_sum_grad", mutates_args=())
 def gather_sum_grad(idx: torch.Tensor, grad: torch.Tensor, rows: int) -> torch.Tensor:
-    """table_grad[idx[r, g]] += grad[r]: lucid's C++ kernel where enabled
-    (`train.cpp_kernels`, `lucid.kernels`), else one index_add_ per group."""
-    table_grad = kernels.table_grad(idx, grad, rows)
-    if table_grad is not None:
-        return table_grad
+    """table_grad[idx[r, g]] += grad[r]: one index_add_ per group."""
     grad = grad.contiguous()
     table_grad = grad.new_zeros(rows, grad.shape[-1])
     for column in idx.unbind(-1):

@@ -13,15 +13,11 @@ def quantile_index(probs, u=None):
 
 def deterministic_sampling(patch=setattr):
     """Every sample of the update comes from `nets.categorical_index`: one-hot samples
-    (nets.onehot_sample) and imagination's latents (nets.unimix_index, without
-    train.cpp_kernels) draw through it. Box actions (the actor's Normal) take fixed noise
+    (nets.onehot_sample) and imagination's latents (nets.unimix_index) draw through it. Box actions (the actor's Normal) take fixed noise
     (0.5), also where the actor draws its own (imagination with gradients through the
     dynamics)."""
     import lucid.behavior
-    import lucid.kernels
     import lucid.nets
-    if lucid.kernels.enabled():
-        raise RuntimeError("deterministic_sampling: train.cpp_kernels samples in C++; turn it off")
     patch(lucid.nets, "categorical_index", quantile_index)
     actor = lucid.behavior.Actor
     draw, sample = actor.noise, actor.sample

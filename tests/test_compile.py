@@ -6,8 +6,7 @@ Kept small (nano, B=4, T=4, H=3), with observe's loop in chunks of 2 steps inste
 that a batch runs through two chunks, which must share one compiled graph. Compiling is what
 costs: on the project's 2-core CPU, with inductor's on-disk cache (/tmp/torchinductor_$USER)
 cold, ~170-190 s for the vector case with the C++ wrappers of `train.cpp_wrapper` (the
-default), ~120 s for the case of a categorical-and-Box action space with `train.cpp_kernels`
-(plus ~40 s to build them, once per machine), ~10 s for the training loop after the vector
+default), ~120 s for the case of a categorical-and-Box action space, ~10 s for the training loop after the vector
 case, whose updates have its shapes (CartPole: 4 floats, 2 actions) and so reuse its graphs,
 and ~130 s for the image/continuous case (marked `slow`), compiled with torch's Python
 wrappers so that both kinds are checked; warm, a fraction of that.
@@ -24,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from train_step import batch_for, spaces  # noqa: E402
 
 from lucid import agent as lucid_agent  # noqa: E402
-from lucid import kernels as lucid_kernels  # noqa: E402
 from lucid.agent import Agent  # noqa: E402
 from lucid.config import make_config  # noqa: E402
 from lucid.specs import ActionSpec  # noqa: E402
@@ -57,23 +55,20 @@ def _losses(compile_: bool, obs: str, action: str, updates: int = 2,
 NATURE = {"replay_value_scale": 0.3, "replay_value_grad": True}
 
 
-@pytest.mark.parametrize("obs,action,kernels,wrapper,train", [
-    ("vector", "discrete", False, True, {}),
-    # train.cpp_kernels (opaque operators in the graphs), on an action space of a categorical
-    # and a Box (its actor's log-probs, entropies and REINFORCE through compiled graphs), with
-    # the replay value loss training the world model (its backward pass after imagination)
-    ("vector", "mixed", True, True, NATURE),
+@pytest.mark.parametrize("obs,action,wrapper,train", [
+    ("vector", "discrete", True, {}),
+    # an action space of a categorical and a Box (its actor's log-probs, entropies and
+    # REINFORCE through compiled graphs), with the replay value loss training the world
+    # model (its backward pass after imagination)
+    ("vector", "mixed", True, NATURE),
     # torch's Python wrappers (train.cpp_wrapper=false): half the compile time of C++ ones
-    pytest.param("image", "continuous", False, False, {}, marks=pytest.mark.slow),
+    pytest.param("image", "continuous", False, {}, marks=pytest.mark.slow),
 ])
-def test_compiled_matches_eager(obs, action, kernels, wrapper, train, monkeypatch):
+def test_compiled_matches_eager(obs, action, wrapper, train, monkeypatch):
     monkeypatch.setattr(lucid_agent, "COMPILE_CHUNK", CHUNK)
     torch._dynamo.reset()
-    try:
-        eager = _losses(False, obs, action, cpp_kernels=kernels, **train)
-        compiled = _losses(True, obs, action, cpp_kernels=kernels, cpp_wrapper=wrapper, **train)
-    finally:
-        lucid_kernels.enable(False)
+    eager = _losses(False, obs, action, **train)
+    compiled = _losses(True, obs, action, cpp_wrapper=wrapper, **train)
     # The first chunk starts from the initial state, the second from the first's last state:
     # one graph for both (a second would be a second compile of the largest graph). The
     # rollout of the second update reuses the first's graph: nothing it reads is filled in
