@@ -10,8 +10,11 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from .ops.onehot import OneHotCat, linear_in, one_hot
+from .ops.padded import padded_linear
+from .ops.twohot import twohot_nll
 
 LN_EPS = 1e-3  # LayerNorm epsilon of the authors' code
 
@@ -123,7 +126,7 @@ class TwoHot:
     def losses(self, logits: torch.Tensor, *targets: torch.Tensor,
                probs: torch.Tensor | None = None) -> list[torch.Tensor]:
         """`loss(logits, target)` for each of several targets of the same logits, with one
-        softmax and one gradient pass over the bins for all of them (`_TwoHotNLL`); `probs`:
+        softmax and one gradient pass over the bins for all of them (`ops.twohot`); `probs`:
         `self.probs(logits)` if already computed (the critic's, for its values)."""
         located = [self._locate(symlog(fp32(t))) for t in targets]
         below = torch.stack([b for b, _ in located])
@@ -134,36 +137,7 @@ class TwoHot:
             # log-sum-exp from the largest probability (>= 1/bins, so its log is exact to
             # rounding): logsumexp = max logit - log(max prob), no second pass of exp.
             lse = logits.amax(-1, keepdim=True) - probs.amax(-1, keepdim=True).log()
-        return list(_TwoHotNLL.apply(logits, probs, lse, below, w_above).unbind(0))
-
-
-class _TwoHotNLL(torch.autograd.Function):
-    """Two-hot cross-entropies of n targets (n, ...) of the same logits (..., bins), with
-    log p = logits - logsumexp gathered at the 2n target bins and the gradient written out:
-    d/dlogits = softmax(logits) * sum_k g_k - sum_k g_k twohot_k, from the softmax the caller
-    computed (a scale and a scatter of the 2n target weights). Autograd through log_softmax
-    and gather would cost another exp pass, a zeroed (..., bins) gradient per target and a
-    log-softmax backward: for the critic's 15,360 imagined states x 255 bins, those passes,
-    not the arithmetic, are the cost."""
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, probs: torch.Tensor, lse: torch.Tensor,
-                below: torch.Tensor, w_above: torch.Tensor):
-        idx = torch.stack([below, below + 1], -1)  # (n, ..., 2)
-        weight = torch.stack([1.0 - w_above, w_above], -1)
-        ctx.save_for_backward(probs, idx, weight)
-        n = idx.shape[0]
-        picked = logits.unsqueeze(0).expand(n, *logits.shape).gather(-1, idx) - lse
-        return -(weight * picked).sum(-1)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        probs, idx, weight = ctx.saved_tensors
-        out = probs * grad.sum(0).unsqueeze(-1)
-        for k in range(idx.shape[0]):
-            out.scatter_add_(-1, idx[k], -(weight[k] * grad[k].unsqueeze(-1)))
-        return out, None, None, None, None
+        return list(twohot_nll(logits, probs, lse, below, w_above).unbind(0))
 
 
 # --------------------------------------------------------------------------- categoricals
@@ -183,13 +157,6 @@ def unimix_logits(logits: torch.Tensor, unimix: float) -> torch.Tensor:
     if unimix <= 0.0:
         return torch.log_softmax(fp32(logits), -1)
     return torch.log(unimix_probs(logits, unimix))
-
-
-def one_hot(idx: torch.Tensor, classes: int, dtype: torch.dtype) -> torch.Tensor:
-    """One-hot vectors of class indices (..., classes). A scatter, unlike F.one_hot, which
-    checks the index range by reading values back to the host on CPUs."""
-    out = torch.zeros(*idx.shape, classes, dtype=dtype, device=idx.device)
-    return out.scatter_(-1, idx.unsqueeze(-1), 1.0)
 
 
 def categorical_index(probs: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
@@ -242,118 +209,10 @@ def categorical_entropy(logp: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 
-class OneHotCat:
-    """The features [dense[..., :at], onehot(idx), dense[..., at:]] with the one-hot codes kept
-    as class indices idx (..., G) over `classes` K. A Linear over it (`linear_in`) adds the G
-    weight columns of the active classes (one gather-sum) instead of multiplying G·K inputs
-    that are mostly zero: the same function, a fraction of the arithmetic. Used for imagined
-    states [h, z], whose one-hot z carries no gradient (`train.onehot_gather`)."""
-
-    def __init__(self, dense: torch.Tensor, idx: torch.Tensor, classes: int, at: int):
-        self.dense, self.idx, self.classes, self.at = dense, idx, classes, at
-
-    def __getitem__(self, i) -> "OneHotCat":  # indexes the leading (batch, time) axes
-        return OneHotCat(self.dense[i], self.idx[i], self.classes, self.at)
-
-    def detach(self) -> "OneHotCat":
-        return OneHotCat(self.dense.detach(), self.idx, self.classes, self.at)
-
-    def to_dense(self) -> torch.Tensor:
-        onehot = one_hot(self.idx, self.classes, self.dense.dtype).flatten(-2)
-        return torch.cat([self.dense[..., :self.at], onehot, self.dense[..., self.at:]], -1)
-
-    @staticmethod
-    def stack(items: list["OneHotCat"]) -> "OneHotCat":
-        first = items[0]
-        return OneHotCat(torch.stack([x.dense for x in items]),
-                         torch.stack([x.idx for x in items]), first.classes, first.at)
-
-
 def dense_for(module: nn.Module, x: torch.Tensor | OneHotCat) -> torch.Tensor | OneHotCat:
     """`x` as `module` takes it: lucid's MLP and Head take a `OneHotCat` as it is (they
     gather); any other module (a network of a subclassed Agent) gets the plain features."""
     return x.to_dense() if isinstance(x, OneHotCat) and not isinstance(module, (MLP, Head)) else x
-
-
-def linear_in(layer: nn.Linear, x: torch.Tensor | OneHotCat) -> torch.Tensor:
-    """`layer(x)`, where x may be a `OneHotCat`."""
-    if not isinstance(x, OneHotCat):
-        return layer(x)
-    w, at = layer.weight, x.at
-    G, K = x.idx.shape[-1], x.classes
-    end = at + G * K
-    if at == 0:
-        w_dense = w[:, end:]
-    elif end == w.shape[1]:
-        w_dense = w[:, :at]
-    else:
-        w_dense = torch.cat([w[:, :at], w[:, end:]], 1)
-    out = F.linear(x.dense, w_dense, layer.bias)
-    active = (x.idx + _offsets(G, K, x.idx.device)).reshape(-1, G)  # weight row per group
-    table = w[:, at:end].t().contiguous()  # (G*K, units); a strided table gathers slowly
-    if table.device.type == "cpu":
-        gathered = gather_sum(active, table)
-    else:
-        gathered = F.embedding_bag(active, table, mode="sum")
-    return out + gathered.reshape(out.shape).to(out.dtype)  # (rows, units) -> out's shape
-
-
-@torch.library.custom_op("lucid::gather_sum", mutates_args=())
-def gather_sum(idx: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Row r: sum over groups g of table[idx[r, g]] (embedding_bag's "sum"), whose table
-    gradient is one index_add_ of the output gradient per group (`gather_sum_grad`). On
-    CPUs that is 4-8x faster than embedding_bag's own backward, which sorts all rows·G
-    indices: at XXS it took 58 ms per call for the actor's and the critic's first layers
-    over 15,360 imagined states. Both are opaque operators, so `train.compile` calls them
-    as they are instead of lowering the scatter into a slower generated loop."""
-    return F.embedding_bag(idx, table, mode="sum")
-
-
-@gather_sum.register_fake
-def _(idx: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    return table.new_empty(idx.shape[0], table.shape[1])
-
-
-@torch.library.custom_op("lucid::gather_sum_grad", mutates_args=())
-def gather_sum_grad(idx: torch.Tensor, grad: torch.Tensor, rows: int) -> torch.Tensor:
-    """table_grad[idx[r, g]] += grad[r]: one index_add_ per group."""
-    grad = grad.contiguous()
-    table_grad = grad.new_zeros(rows, grad.shape[-1])
-    for column in idx.unbind(-1):
-        table_grad.index_add_(0, column, grad)
-    return table_grad
-
-
-@gather_sum_grad.register_fake
-def _(idx: torch.Tensor, grad: torch.Tensor, rows: int) -> torch.Tensor:
-    return grad.new_empty(rows, grad.shape[-1])
-
-
-def _gather_sum_setup(ctx, inputs, output):
-    idx, table = inputs
-    ctx.save_for_backward(idx)
-    ctx.rows = table.shape[0]
-
-
-def _gather_sum_backward(ctx, grad):
-    (idx,) = ctx.saved_tensors
-    return None, gather_sum_grad(idx, grad, ctx.rows)
-
-
-gather_sum.register_autograd(_gather_sum_backward, setup_context=_gather_sum_setup)
-
-
-_OFFSETS: dict[tuple, torch.Tensor] = {}
-
-
-def _offsets(groups: int, classes: int, device: torch.device) -> torch.Tensor:
-    """First row of each group's block in the (G*K, units) weight table: 0, K, 2K, ..."""
-    if torch.compiler.is_compiling():  # a constant of the graph; a lookup in the cache would
-        return torch.arange(0, groups * classes, classes, device=device)  # guard on it
-    key = (groups, classes, device)
-    if key not in _OFFSETS:
-        _OFFSETS[key] = torch.arange(0, groups * classes, classes, device=device)
-    return _OFFSETS[key]
 
 
 # --------------------------------------------------------------------------- initialisation
@@ -415,11 +274,7 @@ class Head(nn.Module):
     `pad_to` (the agent sets it for the 255-bin heads, `train.pad_bins`): logits for a
     softmax come back padded to a multiple of `pad_to` columns, the extra ones -inf, i.e.
     probability exactly 0 (`TwoHot` reads logits of any width >= num_bins this way): the same
-    distribution. The product runs with the output layer's rows padded by zeros (bias -inf)
-    and its result is used as it is: MKL's CPU sgemm over 15,360 imagined states takes ~2x as
-    long for 255 output columns as for 256, and a softmax over a 255-column slice of it would
-    first copy the slice (docs/performance.md). With gradient the backward is the plain
-    layer's, from the gradient's first out_dim columns (`_PaddedLinear`)."""
+    distribution, computed faster (`ops.padded`)."""
 
     pad_to = 0
 
@@ -433,41 +288,7 @@ class Head(nn.Module):
         extra = -self.out.out_features % self.pad_to if self.pad_to else 0
         if not extra:
             return self.out(h)
-        if torch.is_grad_enabled():
-            return _PaddedLinear.apply(h, self.out.weight, self.out.bias, extra)
-        return _padded_linear(h, self.out.weight, self.out.bias, extra)
-
-
-def _padded_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, extra: int) -> torch.Tensor:
-    """F.linear(x, w, b) followed by `extra` columns of -inf logits: w padded by zero rows,
-    b by -inf."""
-    return F.linear(x, F.pad(w, (0, 0, 0, extra)), F.pad(b, (0, extra), value=float("-inf")))
-
-
-class _PaddedLinear(torch.autograd.Function):
-    """`_padded_linear` with the plain layer's gradients: the padded columns' gradient is
-    dropped, and the products run in the dtype the forward ran in (bf16 under autocast, as
-    autocast's own linear)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, extra: int):
-        ctx.save_for_backward(x, w)
-        ctx.bias_dtype = b.dtype
-        return _padded_linear(x, w, b, extra)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        x, w = ctx.saved_tensors  # as passed in (fp32 under autocast): their own dtypes
-        n = w.shape[0]
-        rows = grad.reshape(-1, grad.shape[-1])  # (rows, n + extra), contiguous
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = (grad[..., :n] @ w.to(grad.dtype)).to(x.dtype)
-        if ctx.needs_input_grad[1]:  # column sums and products over all rows, then the first n
-            grad_w = (rows.t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype))[:n].to(w.dtype)
-        if ctx.needs_input_grad[2]:
-            grad_b = rows.sum(0)[:n].to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None
+        return padded_linear(h, self.out.weight, self.out.bias, extra)
 
 
 class NormGRUCell(nn.Module):

@@ -15,8 +15,9 @@ from train_step import batch_for, spaces  # noqa: E402
 
 from lucid.agent import Agent  # noqa: E402
 from lucid.config import make_config  # noqa: E402
-from lucid.nets import (Head, ImageEncoder, OneHotCat, gather_sum,  # noqa: E402
-                        linear, linear_in)
+from lucid.nets import Head, ImageEncoder, linear  # noqa: E402
+from lucid.ops.onehot import OneHotCat, gather_sum, linear_in  # noqa: E402
+from lucid.ops.twohot import twohot_nll, twohot_nll_plain  # noqa: E402
 from lucid.world_model import WorldModel  # noqa: E402
 
 
@@ -215,6 +216,26 @@ def test_updates_with_and_without_padded_bins_give_the_same_losses():
         heads = (agent.wm.reward, agent.critic.net, agent.critic.slow)
         assert [h.pad_to for h in heads] == [pad_to] * 3
     _assert_same_metrics(plain, padded)
+
+
+@pytest.mark.parametrize("lead,bins,n", [((7,), 255, 2), ((3, 5), 41, 1), ((4,), 11, 3)])
+def test_twohot_nll_gives_the_plain_losses_and_gradients(lead, bins, n):
+    """`ops.twohot.twohot_nll` (the gradient written out from the caller's softmax) equals
+    autograd through log_softmax and gather, in value and in the logits' gradient."""
+    torch.manual_seed(0)
+    logits = (torch.randn(*lead, bins, dtype=torch.float64) * 3).requires_grad_()
+    below = torch.randint(0, bins - 1, (n, *lead))
+    w_above = torch.rand(n, *lead, dtype=torch.float64)
+    g = torch.randn(n, *lead, dtype=torch.float64)
+    with torch.no_grad():
+        probs = torch.softmax(logits, -1)
+        lse = torch.logsumexp(logits, -1, keepdim=True)
+    fast = twohot_nll(logits, probs, lse, below, w_above)
+    plain = twohot_nll_plain(logits, below, w_above)
+    torch.testing.assert_close(fast, plain)
+    (g_fast,) = torch.autograd.grad((g * fast).sum(), logits)
+    (g_plain,) = torch.autograd.grad((g * plain).sum(), logits)
+    torch.testing.assert_close(g_fast, g_plain)
 
 
 def test_channels_last_encoder_matches_nchw():
