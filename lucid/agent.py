@@ -165,7 +165,7 @@ class Agent:
         (`dynamic=False`; one compile per shape and grad mode): `observe` runs its T steps
         as chunks of `COMPILE_CHUNK` steps through one compiled `filter` each (forward and
         backward, with the reset arithmetic at every step: no host-side branch inside a
-        graph), and imagination without gradients (`dream`: discrete actions, REINFORCE) runs
+        graph), and imagination without gradients (`imagine_no_grad`: REINFORCE) runs
         as one compiled `rollout` of all H steps (Box actions through the dynamics imagine
         eagerly, over the compiled networks); the batched
         prior, the two-hot means, the encoder, decoder, reward and continue heads, and the
@@ -295,7 +295,7 @@ class Agent:
         dynamics_grad = not uses_reinforce(self.act_spec, t)
         params = []
 
-        def policy(f):  # dynamics backprop; REINFORCE dreams without gradients (wm.dream)
+        def policy(f):  # dynamics backprop; REINFORCE imagines without gradients
             with torch.enable_grad():  # reparameterised: the action carries the gradient
                 p = actor.params(f.detach())
                 a = actor.sample(p)
@@ -307,7 +307,7 @@ class Agent:
                 if dynamics_grad:
                     feat, action = wm.imagine(policy, h, z, t.horizon)
                 else:
-                    feat, action = wm.dream(actor, h, z, t.horizon, gather=t.onehot_gather)
+                    feat, action = wm.imagine_no_grad(actor, h, z, t.horizon, gather=t.onehot_gather)
                 # 3. Dreamed rewards (mean), continues (mode) and values -> λ-returns (real
                 # space). Step 0's reward is never used; its continue is known from the replay.
                 reward = wm.twohot.mean(wm.reward(dense_for(wm.reward, feat[1:])))

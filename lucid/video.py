@@ -27,7 +27,6 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .nets import onehot_mode, onehot_sample, symexp
 from .plot import pyplot, save_figure
 from .warn import warn
 
@@ -386,45 +385,24 @@ class OpenLoop:
 @torch.no_grad()
 def open_loop(agent, batch: dict, context: int = 5, horizon: int | None = None,
               sample: bool = False) -> OpenLoop:
-    """Open-loop prediction on a replayed batch (`to_batch` format, (B, T) windows).
-
-    Steps 0..context-1: posterior filtering of the real observations (`WorldModel.observe`,
-    each row starting from the initial state) and their reconstructions. Steps
-    context..context+horizon-1: the prior alone, driven by the recorded actions
-    (h[t] = f(h[t-1], z[t-1], a[t-1]), z[t] = mode (or a sample) of p(z | h[t])), decoded.
-    Vector predictions are mapped back from symlog space with symexp."""
+    """The world model's open-loop prediction (`WorldModel.dream`: `context` steps filtered,
+    then `horizon` steps of the prior driven by the recorded actions) beside the truth, on a
+    replayed batch (`to_batch` format, (B, T) windows)."""
     wm = agent.wm
     obs = batch["obs"]
-    B, T = batch["is_first"].shape
+    T = batch["is_first"].shape[1]
     if not 1 <= context <= T:
         raise ValueError(f"context must be in [1, {T}], got {context}")
     horizon = T - context if horizon is None else horizon
     if context + horizon > T:
         raise ValueError(f"context {context} + horizon {horizon} exceeds the batch length {T}")
-    pick = onehot_sample if sample else onehot_mode
-    embed = wm.encoder({k: v[:, :context] for k, v in obs.items()})
-    h, z, _, _, _ = wm.observe(embed, batch["action"][:, :context], batch["is_first"][:, :context])
-    feats = [wm.feat(h, z)]
-    h_t, z_t = h[:, -1], z[:, -1]
-    dream = []
-    for t in range(context, context + horizon):
-        h_t = wm.sequence(h_t, z_t, batch["action"][:, t - 1])
-        z_t = pick(wm.prior_logp(h_t))
-        dream.append(wm.feat(h_t, z_t))
-    if dream:
-        feats.append(torch.stack(dream, 1))
-    decoded = wm.decoder(torch.cat(feats, 1))
+    predicted = wm.dream(obs, batch["action"], batch["is_first"], context, horizon, sample)
     spec = wm.spec
     truth, pred = {}, {}
-    for k, p in decoded.items():
+    for k, p in predicted.items():
         real = obs[k][:, :context + horizon].cpu().numpy()
-        if k in spec.images:
-            p = ((p.float() + 0.5) * 255.0).clamp(0, 255).round().to(torch.uint8)
-            pred[k] = p.movedim(-3, -1).cpu().numpy()
-            truth[k] = real.astype(np.uint8)
-        else:
-            pred[k] = symexp(p.float()).cpu().numpy()
-            truth[k] = real.astype(np.float32)
+        pred[k] = p.cpu().numpy()
+        truth[k] = real.astype(np.uint8 if k in spec.images else np.float32)
     return OpenLoop(context, horizon, truth, pred, images=list(spec.images),
                     vectors=list(spec.vectors))
 

@@ -19,7 +19,7 @@ from .config import ModelConfig, TrainConfig
 from .specs import ObsSpec
 from .nets import (MLP, Head, ImageDecoder, ImageEncoder, NormGRUCell, OneHotCat, TwoHot,
                    categorical_entropy, categorical_kl, fp32, linear, one_hot, onehot_mode,
-                   onehot_sample, symlog, unimix_index, unimix_logits)
+                   onehot_sample, symexp, symlog, unimix_index, unimix_logits)
 
 
 @dataclass
@@ -34,6 +34,12 @@ class State:
 def image_input(img: torch.Tensor) -> torch.Tensor:
     """uint8 (..., H, W, C) in [0, 255] -> float (..., C, H, W) in [-0.5, 0.5]."""
     return img.float().div(255.0).sub(0.5).movedim(-1, -3)
+
+
+def image_output(pred: torch.Tensor) -> torch.Tensor:
+    """The inverse of `image_input` for the decoder's images: float (..., C, H, W) around
+    [-0.5, 0.5] -> uint8 (..., H, W, C), rounded and clipped to [0, 255]."""
+    return ((pred.float() + 0.5) * 255.0).clamp(0, 255).round().to(torch.uint8).movedim(-3, -1)
 
 
 class Encoder(nn.Module):
@@ -91,6 +97,12 @@ class Decoder(nn.Module):
             for k, part in zip(self.spec.images, img.split(chans, -3)):
                 out[k] = part
         return out
+
+    def observation(self, pred: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Predictions in observation space: uint8 pixels (`image_output`), vectors mapped
+        back from symlog space."""
+        return {k: image_output(p) if k in self.spec.images else symexp(p.float())
+                for k, p in pred.items()}
 
     def loss(self, pred: dict[str, torch.Tensor], obs: dict[str, torch.Tensor]) -> torch.Tensor:
         total = 0.0
@@ -323,9 +335,9 @@ class WorldModel(nn.Module):
                 noise: torch.Tensor | None = None):
         """Roll the prior forward `horizon` steps from N start states with `policy(feat) ->
         action`, with straight-through samples so that gradients can flow through the
-        dynamics (continuous actions, `continuous_grad=dynamics`; REINFORCE uses `dream`).
-        `noise` (H, N, G, 1): the latents' uniforms, drawn beforehand (`latent_noise`); the
-        same uniforms and actions give `dream`'s latents. Returns feats (H+1, N, F) of steps
+        dynamics (continuous actions, `continuous_grad=dynamics`; REINFORCE uses
+        `imagine_no_grad`). `noise` (H, N, G, 1): the latents' uniforms, drawn beforehand
+        (`latent_noise`); the same uniforms and actions give `imagine_no_grad`'s latents. Returns feats (H+1, N, F) of steps
         0..H and actions (H, N, A) of steps 0..H-1."""
         feats, actions = [self.feat(h, z)], []
         for t in range(horizon):
@@ -336,8 +348,8 @@ class WorldModel(nn.Module):
             feats.append(self.feat(h, z))
         return torch.stack(feats), torch.stack(actions)
 
-    def dream(self, actor, h: torch.Tensor, z: torch.Tensor, horizon: int,
-              gather: bool = False):
+    def imagine_no_grad(self, actor, h: torch.Tensor, z: torch.Tensor, horizon: int,
+                        gather: bool = False):
         """`imagine` without gradients with `actor` as the policy (REINFORCE): the random
         numbers of all H steps are drawn first, then `rollout` runs the steps, one function
         of fixed shapes (`train.compile` compiles the whole rollout as one graph). Returns
@@ -356,7 +368,7 @@ class WorldModel(nn.Module):
 
     def rollout(self, actor, h: torch.Tensor, z: torch.Tensor, act_noise: torch.Tensor,
                 lat_noise: torch.Tensor):
-        """`dream`'s loop: h (H+1, N, D), z (H+1, N, G[, K]) and actions (H, N, A)."""
+        """`imagine_no_grad`'s loop: h (H+1, N, D), z (H+1, N, G[, K]) and actions (H, N, A)."""
         hs, zs, actions = [h], [z], []
         for a_u, z_u in zip(act_noise.unbind(0), lat_noise.unbind(0)):
             a = actor.sample(actor.params(self.feat(h, z)), a_u)
@@ -365,6 +377,29 @@ class WorldModel(nn.Module):
             zs.append(z)
             actions.append(a)
         return torch.stack(hs), torch.stack(zs), torch.stack(actions)
+
+    @torch.no_grad()
+    def dream(self, obs: dict[str, torch.Tensor], action: torch.Tensor, is_first: torch.Tensor,
+              context: int, horizon: int, sample: bool = False) -> dict[str, torch.Tensor]:
+        """The open-loop rollout that videos show (`lucid.video.open_loop`), on (B, T)
+        windows: steps 0..context-1 filter the real observations (`observe`, each row from
+        the initial state); steps context..context+horizon-1 run the prior alone, driven by
+        the recorded actions: h[t] = f(h[t-1], z[t-1], a[t-1]), z[t] the mode (or a sample)
+        of p(z | h[t]). Returns each key's decoded prediction (B, context + horizon, ...) in
+        observation space (`Decoder.observation`)."""
+        embed = self.encoder({k: v[:, :context] for k, v in obs.items()})
+        h, z, _, _, _ = self.observe(embed, action[:, :context], is_first[:, :context])
+        feats = [self.feat(h, z)]
+        h_t, z_t = h[:, -1], z[:, -1]
+        pick = onehot_sample if sample else onehot_mode
+        prior = []
+        for t in range(context, context + horizon):
+            h_t = self.sequence(h_t, z_t, action[:, t - 1])
+            z_t = pick(self.prior_logp(h_t))
+            prior.append(self.feat(h_t, z_t))
+        if prior:
+            feats.append(torch.stack(prior, 1))
+        return self.decoder.observation(self.decoder(torch.cat(feats, 1)))
 
     # ------------------------------------------------------------------ loss
 

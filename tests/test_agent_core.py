@@ -244,7 +244,7 @@ def test_imagine_shapes_and_recursion():
             torch.testing.assert_close(feats[t + 1, :, :wm.D], nxt, atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("path", ["imagine", "dream", "dream-gather"])
+@pytest.mark.parametrize("path", ["imagine", "no-grad", "no-grad-gather"])
 def test_imagined_latents_are_drawn_from_the_unimixed_prior(path):
     """z_t of every imagined step t >= 1 is a draw from 0.99 softmax(prior logits(h_t)) + 0.01/K:
     over 20,000 rollouts the class counts of each of the G latents at each step match the sum
@@ -264,8 +264,8 @@ def test_imagined_latents_are_drawn_from_the_unimixed_prior(path):
         if path == "imagine":
             feats, _ = wm.imagine(lambda f: actor.sample(actor.params(f)), h, z, H)
         else:
-            feats, _ = wm.dream(actor, h, z, H, gather=path == "dream-gather")
-            if path == "dream-gather":
+            feats, _ = wm.imagine_no_grad(actor, h, z, H, gather=path == "no-grad-gather")
+            if path == "no-grad-gather":
                 feats = feats.to_dense()
         chi2 = 0.0
         for t in range(1, H + 1):
@@ -280,12 +280,12 @@ def test_imagined_latents_are_drawn_from_the_unimixed_prior(path):
 
 
 @pytest.mark.parametrize("act,gather", [(DISCRETE, False), (DISCRETE, True), (MIXED, False)])
-def test_imagine_given_dreams_random_numbers_dreams_the_same_rollout(act, gather):
-    """`imagine` (straight-through latents, gradients through the dynamics) and `dream`
-    (REINFORCE: no gradients, random numbers drawn first, latents gathered or one-hot) are
-    one process: fed the action noise and the latents' uniforms that `dream` draws (in that
-    order: its docstring), `imagine`, with gradients on, takes the same actions and the same
-    latent classes at every step, and its features are dream's. The chi-square test above
+def test_imagine_given_the_no_grad_random_numbers_imagines_the_same_rollout(act, gather):
+    """`imagine` (straight-through latents, gradients through the dynamics) and
+    `imagine_no_grad` (REINFORCE: random numbers drawn first, latents gathered or one-hot)
+    are one process: fed the action noise and the latents' uniforms that `imagine_no_grad`
+    draws (in that order: its docstring), `imagine`, with gradients on, takes the same
+    actions and the same latent classes at every step, and its features are the same. The chi-square test above
     checks the distribution; this ties the two code paths draw by draw."""
     agent = make_agent(act, seed=5)
     wm, actor = agent.wm, agent.actor
@@ -295,7 +295,7 @@ def test_imagine_given_dreams_random_numbers_dreams_the_same_rollout(act, gather
     z = torch.eye(wm.K)[torch.randint(wm.K, (N, wm.G))]
     torch.manual_seed(8)
     with torch.no_grad():
-        feats_d, acts_d = wm.dream(actor, h, z, H, gather=gather)
+        feats_d, acts_d = wm.imagine_no_grad(actor, h, z, H, gather=gather)
     feats_d = feats_d.to_dense() if gather else feats_d
     torch.manual_seed(8)
     act_u, lat_u = actor.noise(H, N), wm.latent_noise(H, N)

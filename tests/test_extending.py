@@ -136,8 +136,8 @@ def test_a_prior_changed_in_prior_logits_reaches_every_path_and_derived_override
     assert (prior.argmax(-1) == 0).all()  # the KL's prior
     assert (wm.initial(3).z.argmax(-1) == 0).all()  # the initial state's mode
     start_h, start_z = h.flatten(0, 1).detach(), z.flatten(0, 1).detach()
-    for gather in (False, True):  # dreams (REINFORCE), dense and with class indices
-        feats, _ = wm.dream(agent.actor, start_h, start_z, 4, gather=gather)
+    for gather in (False, True):  # without gradients (REINFORCE), dense and with class indices
+        feats, _ = wm.imagine_no_grad(agent.actor, start_h, start_z, 4, gather=gather)
         zs = feats.idx if gather else feats[..., wm.D:].unflatten(-1, (wm.G, wm.K))
         zs = zs if not zs.is_floating_point() else zs.argmax(-1)
         assert (zs[1:] == 0).float().mean() > 0.97  # all but the 1% unimix share

@@ -92,7 +92,7 @@ def test_imagination_with_indices_draws_the_same_trajectory_as_with_onehots():
     with torch.no_grad():
         for gather in (False, True):
             torch.manual_seed(1)
-            out[gather] = wm.dream(actor, h, z, 5, gather=gather)
+            out[gather] = wm.imagine_no_grad(actor, h, z, 5, gather=gather)
     dense_feat, dense_act = out[False]
     idx_feat, idx_act = out[True]
     assert isinstance(idx_feat, OneHotCat)

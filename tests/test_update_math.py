@@ -104,7 +104,7 @@ def dense(feat) -> torch.Tensor:
 
 
 def capture_imagination(agent: Agent, monkeypatch) -> dict:
-    """Wrap the world model's imagination (`dream` for REINFORCE, `imagine` through the
+    """Wrap the world model's imagination (`imagine_no_grad` for REINFORCE, `imagine` through the
     dynamics) to record its features (H+1, N, F) and actions (H, N, A), and copies of the
     reward and continue heads, the actor and both critics as they were at that moment (after
     the world model's step, before the actor's and the critic's)."""
@@ -121,7 +121,7 @@ def capture_imagination(agent: Agent, monkeypatch) -> dict:
             return feat, action
         return wrapped
 
-    monkeypatch.setattr(agent.wm, "dream", wrap(agent.wm.dream))
+    monkeypatch.setattr(agent.wm, "imagine_no_grad", wrap(agent.wm.imagine_no_grad))
     monkeypatch.setattr(agent.wm, "imagine", wrap(agent.wm.imagine))
     return rec
 
