@@ -1,16 +1,17 @@
 """The DreamerV3 agent: world model, actor, critic, their three optimisers and one update.
 
-`train(batch)` follows the paper's algorithm: (1) fit the world model on the replayed (B, T)
-batch; (2) imagine H steps from every posterior state with the actor; (3) compute λ-returns
-from dreamed rewards, continues and critic values; (4) update the actor and (5) the critic.
-Each loss changes only its own component's parameters, except that with
-`train.replay_value_grad` the replay value loss also trains the world model, whose step then
-comes with the critic's (the authors' Nature code).
+`train(batch)` follows the paper's algorithm, one named step each (`Agent._update`): (1) the
+world model's loss and step on the replayed (B, T) batch; (2) imagine H steps from every
+posterior state with the actor and (3) predict their rewards, continues and values;
+(4) λ-returns; (5) the actor's step and (6) the critic's. Each loss changes only its own
+component's parameters, except that with `train.replay_value_grad` the replay value loss also
+trains the world model, whose step then comes with the critic's (the authors' Nature code).
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -38,6 +39,23 @@ def frozen(*modules: nn.Module):
     finally:
         for p in params:
             p.requires_grad_(True)
+
+
+@dataclass
+class Imagined:
+    """Imagined trajectories from every replayed state, time-major: features (H+1, N, F) of
+    steps 0..H and actions (H, N, A) of steps 0..H-1; rewards, continues and values (H+1, N)
+    in real space; the actor's distributions at steps 0..H-1; the critic's logits at steps
+    0..H-1 and, where computed for the values, their softmax."""
+
+    feat: torch.Tensor
+    action: torch.Tensor
+    reward: torch.Tensor
+    cont: torch.Tensor
+    value: torch.Tensor
+    dist: list
+    critic_logits: torch.Tensor
+    critic_probs: torch.Tensor | None = None
 
 
 def _adam(params, lr, eps, capturable=False):
@@ -110,7 +128,7 @@ class Agent:
         # trainer chose them already: no graph there).
         self.config = config = for_device(config, self.device.type)
         self.obs_spec, self.act_spec = obs_spec, act_spec
-        m, t = config.model, config.train
+        t = config.train
         if t.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"train.cuda_graph=true needs a CUDA device, not {self.device}: "
                              f"use --device cuda, or train.cuda_graph=false")
@@ -144,8 +162,13 @@ class Agent:
         # a tensor over ranks (the return percentiles see the global batch). None = one process.
         self.grad_sync = None
         self.gather = None
+        # The update's modes, fixed by the config and the action space: how the actor learns
+        # (REINFORCE, or backprop through the dynamics), and whether the world model's step
+        # waits for the replay value loss, whose gradient it then takes too.
+        self._reinforce = uses_reinforce(act_spec, t)
+        self._joint = t.replay_value_grad
         if t.compile:
-            self._compile()
+            self.compile()
 
     def build_world_model(self) -> WorldModel:
         act = self.act_spec
@@ -160,7 +183,7 @@ class Agent:
 
     # ------------------------------------------------------------------ compilation
 
-    def _compile(self) -> None:
+    def compile(self) -> None:
         """`train.compile`: torch.compile the loops' bodies as fixed-shape graphs
         (`dynamic=False`; one compile per shape and grad mode): `observe` runs its T steps
         as chunks of `COMPILE_CHUNK` steps through one compiled `filter` each (forward and
@@ -191,6 +214,8 @@ class Agent:
             twohot.bins(torch.empty(0, device=self.device))  # cached now, not in a graph
             twohot.mean = torch.compile(twohot.mean, **opts)
             twohot.mean_of = torch.compile(twohot.mean_of, **opts)
+
+    _compile = compile  # the name lucid.device and benchmarks/train_step.py call
 
     # ------------------------------------------------------------------ precision
 
@@ -272,122 +297,185 @@ class Agent:
         self.updates += 1
         return out
 
+    # The update's steps, in the paper's order (docs/architecture.md, "One update"). Each
+    # loss changes only its own component's parameters, except the replay value loss under
+    # `train.replay_value_grad`, which the world model's step then waits for.
+
     def _update(self, batch: dict) -> dict[str, torch.Tensor]:
-        t = self.config.train
-        wm, actor, critic = self.wm, self.actor, self.critic
+        wm_loss, metrics, out = self._world_model_loss(batch)
+        if not self._joint:
+            wm_ok = self._world_model_step(wm_loss, metrics)
+        im = self._imagine(out, batch)
+        ret, weight, scale = self._returns(im)
+        actor_ok = self._actor_step(im, ret, weight, scale, metrics)
+        c_loss, r_loss = self._critic_loss(batch, out, im, ret, weight, metrics)
+        if self._joint:
+            wm_ok, critic_ok = self._joint_step(wm_loss, c_loss, r_loss, metrics)
+        else:
+            critic_ok = self._critic_step(c_loss, metrics)
+        # A skipped critic step leaves its slow copy as it was too.
+        self.critic.update_slow(self.config.train.slow_critic_fraction * critic_ok.float())
+        metrics["train/nonfinite_steps"] = 3.0 - (wm_ok.float() + actor_ok.float()
+                                                  + critic_ok.float())
+        metrics.update(self._imagination_metrics(im, ret, scale))
+        return metrics
 
-        # 1. World model. With train.replay_value_grad its step waits for the replay value
-        #    loss (step 5), whose gradient it takes too: every loss then sees the parameters
-        #    as they were before the update, as with the authors' single optimiser.
-        joint = t.replay_value_grad
+    def _world_model_loss(self, batch: dict):
+        """1. The world-model loss (eq. 4) on the replayed (B, T) batch, its metrics and the
+        posterior states (`WorldModel.loss`)."""
         with self.autocast():
-            wm_loss, metrics, out = wm.loss(batch, t)
-        if not joint:
-            metrics["world_model/grad_norm"], wm_ok = self._step(self.opt_wm, wm_loss,
-                                                                 wm.parameters(), t.model_clip)
+            return self.wm.loss(batch, self.config.train)
 
-        # 2. Imagine from every posterior state (start states carry no gradient). The actor
-        #    sees sg(feat); with REINFORCE its distributions for the loss are recomputed below
-        #    in one batched call, through the dynamics they are kept step by step.
+    def _world_model_step(self, loss: torch.Tensor, metrics: dict) -> torch.Tensor:
+        t = self.config.train
+        metrics["world_model/grad_norm"], ok = self._step(self.opt_wm, loss,
+                                                          self.wm.parameters(), t.model_clip)
+        return ok
+
+    def _imagine(self, out: dict, batch: dict) -> Imagined:
+        """2.-3. Imagine H steps from every posterior state (start states carry no gradient)
+        with the world model frozen, and predict their rewards, continues and values.
+        Step 0's continue is known from the replay."""
+        wm = self.wm
         h = out["h"].detach().reshape(-1, wm.D)
         z = out["z"].detach().reshape(-1, wm.G, wm.K)
         start_cont = 1.0 - batch["is_terminal"].reshape(-1).float()
-        dynamics_grad = not uses_reinforce(self.act_spec, t)
-        params = []
+        if self._reinforce:
+            return self._imagine_reinforce(h, z, start_cont)
+        return self._imagine_through_dynamics(h, z, start_cont)
 
-        def policy(f):  # dynamics backprop; REINFORCE imagines without gradients
-            with torch.enable_grad():  # reparameterised: the action carries the gradient
+    def _imagine_reinforce(self, h: torch.Tensor, z: torch.Tensor,
+                           start_cont: torch.Tensor) -> Imagined:
+        """REINFORCE: imagination needs no gradient (`WorldModel.imagine_no_grad`). The
+        actor's distributions at steps 0..H-1 (the same function of the same states that
+        chose the actions) and the critic's logits are then computed in one batched call
+        each; step H's value carries no gradient, and one softmax of the critic's logits
+        serves its values and its loss."""
+        t, actor, critic = self.config.train, self.actor, self.critic
+        with self.autocast():  # heads' outputs are fp32 (cast before the two-hot means)
+            with frozen(self.wm), torch.no_grad():
+                feat, action = self.wm.imagine_no_grad(actor, h, z, t.horizon,
+                                                       gather=t.onehot_gather)
+                reward, cont = self._predict(feat, start_cont)
+            dist = actor.params(feat[:-1])
+            critic_logits = critic(feat[:-1])  # for the critic loss
+            with torch.no_grad():
+                probs, critic_value = critic.twohot.probs_and_mean(critic_logits)
+                value = torch.cat([critic_value, critic.value(feat[-1:])])
+        return Imagined(feat, action, reward, cont, value, dist, critic_logits, probs)
+
+    def _imagine_through_dynamics(self, h: torch.Tensor, z: torch.Tensor,
+                                  start_cont: torch.Tensor) -> Imagined:
+        """Backprop through the dynamics: the actor sees sg(feat) and its reparameterised
+        actions carry the gradient through the frozen world model and critic; its
+        distributions are kept step by step."""
+        t, actor, critic = self.config.train, self.actor, self.critic
+        dists = []
+
+        def policy(f):
+            with torch.enable_grad():
                 p = actor.params(f.detach())
                 a = actor.sample(p)
-            params.append(p)
+            dists.append(p)
             return a
 
-        with self.autocast():  # heads' outputs are fp32 (cast before the two-hot means)
-            with frozen(wm), torch.set_grad_enabled(dynamics_grad):
-                if dynamics_grad:
-                    feat, action = wm.imagine(policy, h, z, t.horizon)
-                else:
-                    feat, action = wm.imagine_no_grad(actor, h, z, t.horizon, gather=t.onehot_gather)
-                # 3. Dreamed rewards (mean), continues (mode) and values -> λ-returns (real
-                # space). Step 0's reward is never used; its continue is known from the replay.
-                reward = wm.twohot.mean(wm.reward(dense_for(wm.reward, feat[1:])))
-                reward = torch.cat([torch.zeros_like(reward[:1]), reward], 0)
-                cont = (wm.cont(dense_for(wm.cont, feat[1:])).squeeze(-1) > 0).float()
-                cont = torch.cat([start_cont[None], cont], 0)
-            critic_probs = None  # the critic logits' softmax, when the values have it
-            if dynamics_grad:  # values must pass gradients to the imagined states
-                critic_logits = critic(feat[:-1].detach())  # for the critic loss
-                with frozen(critic):
-                    value = critic.value(feat)
-            else:
-                # The actor's distributions at steps 0..H-1 (the same function of the same
-                # states that chose the actions) and the critic's logits at 0..H-1, each in
-                # one batched call instead of one per step; step H's value carries no
-                # gradient (a slice of logits at 0..H would cost a zeroed gradient of all).
-                # One softmax of the critic's logits serves its values and its loss.
-                dist = actor.params(feat[:-1])
-                critic_logits = critic(feat[:-1])  # for the critic loss
-                with torch.no_grad():
-                    critic_probs, critic_value = critic.twohot.probs_and_mean(critic_logits)
-                    value = torch.cat([critic_value, critic.value(feat[-1:])])
-        ret = lambda_return(reward, cont, value, t.gamma, t.lam)  # fp32, outside autocast
-        weight = imagined_weights(cont, t.gamma).detach()
+        with self.autocast():
+            with frozen(self.wm), torch.enable_grad():
+                feat, action = self.wm.imagine(policy, h, z, t.horizon)
+                reward, cont = self._predict(feat, start_cont)
+            critic_logits = critic(feat[:-1].detach())  # for the critic loss
+            with frozen(critic):  # values pass gradients to the imagined states
+                value = critic.value(feat)
+        return Imagined(feat, action, reward, cont, value, actor.stack(dists), critic_logits)
+
+    def _predict(self, feat, start_cont: torch.Tensor):
+        """Imagined rewards (the two-hot mean) and continues (the mode) of steps 1..H, after
+        step 0's: its reward is never used, its continue comes from the replay."""
+        wm = self.wm
+        reward = wm.twohot.mean(wm.reward(dense_for(wm.reward, feat[1:])))
+        reward = torch.cat([torch.zeros_like(reward[:1]), reward], 0)
+        cont = (wm.cont(dense_for(wm.cont, feat[1:])).squeeze(-1) > 0).float()
+        return reward, torch.cat([start_cont[None], cont], 0)
+
+    def _returns(self, im: Imagined):
+        """4. λ-returns (real space, fp32: outside autocast), the loss weights of the imagined
+        steps, and the return scale max(1, S) after this batch's percentiles (over all ranks'
+        returns in data-parallel runs)."""
+        t = self.config.train
+        ret = lambda_return(im.reward, im.cont, im.value, t.gamma, t.lam)
+        weight = imagined_weights(im.cont, t.gamma).detach()
         self.retnorm.update(ret if self.gather is None else self.gather(ret.detach()))
-        scale = self.retnorm.scale()
+        return ret, weight, self.retnorm.scale()
 
-        # 4. Actor: gradients reach only its parameters (world model and critic are frozen).
-        if dynamics_grad:
-            dist = actor.stack(params)
-        a_loss, a_metrics = actor_loss(actor, dist, action, ret, value, weight, scale, t)
-        metrics.update(a_metrics)
-        metrics["actor/grad_norm"], actor_ok = self._step(self.opt_actor, a_loss,
-                                                          actor.parameters(), t.actor_clip)
+    def _actor_step(self, im: Imagined, ret, weight, scale, metrics: dict) -> torch.Tensor:
+        """5. The actor (eq. 11): gradients reach only its parameters."""
+        t = self.config.train
+        loss, m = actor_loss(self.actor, im.dist, im.action, ret, im.value, weight, scale, t)
+        metrics.update(m)
+        metrics["actor/grad_norm"], ok = self._step(self.opt_actor, loss,
+                                                    self.actor.parameters(), t.actor_clip)
+        return ok
 
-        # 5. Critic on detached imagined states, then its slow copy.
+    def _critic_loss(self, batch: dict, out: dict, im: Imagined, ret, weight, metrics: dict):
+        """6. The critic's loss on detached imagined states, plus (Nature recipe,
+        `train.replay_value_scale`) the replay value loss, also returned on its own."""
+        t = self.config.train
         with self.autocast():  # the slow critic's forward pass; the loss itself is fp32
-            c_loss, c_metrics = critic_loss(critic, critic_logits, feat[:-1], ret, weight, t,
-                                            critic_probs)
-            if t.replay_value_scale > 0:  # Nature recipe: also on the replayed windows
-                B, T = batch["reward"].shape
-                ends = episode_ends(batch["is_last"], batch["is_first"])
-                rep_ret = replay_lambda_return(batch["reward"].float(), ends,
-                                               batch["is_terminal"],
-                                               ret[0].detach().reshape(B, T), t.gamma, t.lam)
-                r_loss, r_metrics = replay_critic_loss(critic, out["feat"], rep_ret, ends, t,
-                                                       grad=joint)
-                c_loss = c_loss + t.replay_value_scale * r_loss
-                c_metrics.update(r_metrics)
-        metrics.update(c_metrics)
-        critic_params = list(critic.net.parameters())
-        if joint:  # one backward pass: the world model's gradient is of L_wm + scale·L_replay
-            wm_params = list(wm.parameters())
-            self._zero(self.opt_wm, wm_params)
-            self._zero(self.opt_critic, critic_params)
-            (wm_loss + c_loss).backward()
-            metrics["world_model/grad_norm"], wm_ok = self._apply(
-                self.opt_wm, wm_loss.detach() + t.replay_value_scale * r_loss.detach(),
-                wm_params, t.model_clip)
-            metrics["critic/grad_norm"], critic_ok = self._apply(
-                self.opt_critic, c_loss, critic_params, t.critic_clip)
-        else:
-            metrics["critic/grad_norm"], critic_ok = self._step(self.opt_critic, c_loss,
-                                                                critic_params, t.critic_clip)
-        # A skipped critic step leaves its slow copy as it was too.
-        critic.update_slow(t.slow_critic_fraction * critic_ok.float())
-        metrics["train/nonfinite_steps"] = 3.0 - (wm_ok.float() + actor_ok.float()
-                                                  + critic_ok.float())
+            loss, m = critic_loss(self.critic, im.critic_logits, im.feat[:-1], ret, weight, t,
+                                  im.critic_probs)
+            r_loss = None
+            if t.replay_value_scale > 0:
+                r_loss, r_metrics = self._replay_value_loss(batch, out, ret)
+                loss = loss + t.replay_value_scale * r_loss
+                m.update(r_metrics)
+        metrics.update(m)
+        return loss, r_loss
 
+    def _replay_value_loss(self, batch: dict, out: dict, ret: torch.Tensor):
+        """The critic at the replayed states toward λ-returns of the replayed rewards,
+        bootstrapped from the imagined return of each replayed state."""
+        t = self.config.train
+        B, T = batch["reward"].shape
+        ends = episode_ends(batch["is_last"], batch["is_first"])
+        rep_ret = replay_lambda_return(batch["reward"].float(), ends, batch["is_terminal"],
+                                       ret[0].detach().reshape(B, T), t.gamma, t.lam)
+        return replay_critic_loss(self.critic, out["feat"], rep_ret, ends, t, grad=self._joint)
+
+    def _critic_step(self, loss: torch.Tensor, metrics: dict) -> torch.Tensor:
+        t = self.config.train
+        metrics["critic/grad_norm"], ok = self._step(self.opt_critic, loss,
+                                                     self.critic.net.parameters(),
+                                                     t.critic_clip)
+        return ok
+
+    def _joint_step(self, wm_loss, c_loss, r_loss, metrics: dict):
+        """`train.replay_value_grad`: one backward pass of both losses, so the world model's
+        gradient is of L_wm + scale·L_replay; both steps then see the parameters as they
+        were before the update, as with the authors' single optimiser."""
+        t = self.config.train
+        wm_params = list(self.wm.parameters())
+        critic_params = list(self.critic.net.parameters())
+        self._zero(self.opt_wm, wm_params)
+        self._zero(self.opt_critic, critic_params)
+        (wm_loss + c_loss).backward()
+        metrics["world_model/grad_norm"], wm_ok = self._apply(
+            self.opt_wm, wm_loss.detach() + t.replay_value_scale * r_loss.detach(),
+            wm_params, t.model_clip)
+        metrics["critic/grad_norm"], critic_ok = self._apply(
+            self.opt_critic, c_loss, critic_params, t.critic_clip)
+        return wm_ok, critic_ok
+
+    def _imagination_metrics(self, im: Imagined, ret, scale) -> dict[str, torch.Tensor]:
         ret_d = ret.detach()
-        metrics.update({
+        return {
             "actor/return_low": self.retnorm.low.clone(),
             "actor/return_high": self.retnorm.high.clone(),
             "actor/return_scale": scale.detach(),
             "critic/return_mean": ret_d.mean(),
-            "critic/value_mean": value[:-1].detach().mean(),
-            "world_model/imagined_reward_mean": reward[1:].detach().mean(),
-            "world_model/imagined_continue_mean": cont.mean(),
-        })
-        return metrics
+            "critic/value_mean": im.value[:-1].detach().mean(),
+            "world_model/imagined_reward_mean": im.reward[1:].detach().mean(),
+            "world_model/imagined_continue_mean": im.cont.mean(),
+        }
 
     def train(self, batch: dict) -> dict[str, float]:
         metrics = self.train_step(batch)
