@@ -22,7 +22,10 @@ import torch
 from .checkpoint import atomic_torch_save, load_checkpoint, load_latest, FORMAT_VERSION
 from .config import ConfigError, as_dict, flatten, from_yaml, make_config, to_yaml
 from .envs import default_preset, env_label, instances
-from .train import Trainer, load_here, slow_preset_note
+from .acting import ActingRun
+from .device import load_here
+from .notes import slow_preset_note
+from .train import Trainer
 from .world_model import State
 from .warn import warn
 
@@ -89,9 +92,10 @@ class Dreamer:
         self.cfg, self._run_dir = make_config(preset, **sections), run_dir
         # An agent to act with until the first learn(), which claims the run directory:
         # constructing one to predict, evaluate or save writes no files.
-        self.trainer = Trainer(self.cfg, learn=False)
+        self.trainer = ActingRun(self.cfg)
         self.agent = self.trainer.agent
-        note = None if preset_given else slow_preset_note(self.trainer, "preset='{}'")
+        note = None if preset_given else slow_preset_note(self.trainer.cfg, self.trainer.device,
+                                                             "preset='{}'")
         if note:
             warn(note)
 
@@ -113,10 +117,10 @@ class Dreamer:
         if callback is not None and not callable(callback):  # not at an episode's end
             raise TypeError(f"learn(callback=...) takes a function of the episode's info "
                             f"dict, or None; got {type(callback).__name__}")
-        if self.trainer.closed and self.trainer._learn:  # a run close()d: go on from its
-            self._reopen()                               # last checkpoint
-        elif self.trainer.collector is None:  # made or loaded to act with: its run starts now
+        if isinstance(self.trainer, ActingRun):  # made or loaded to act: its run starts now
             self._start_run()
+        elif self.trainer.closed:  # a run close()d: go on from its last checkpoint
+            self._reopen()
         self.trainer.cfg.run.steps = self.trainer.counters["env_steps"] + int(total_env_steps)
         # config.yaml says how far this run goes, as for `lucid train --steps`, so a resume
         # from the command line without --steps stops where this learn() would have
@@ -261,7 +265,7 @@ class Dreamer:
         cfg.run.run_dir = None
         self = cls.__new__(cls)
         self.cfg, self._run_dir = cfg, run_dir
-        self.trainer = Trainer(cfg, learn=False)  # no directory until learn()
+        self.trainer = ActingRun(cfg)  # no directory until learn()
         self.trainer.agent.load_state_dict(payload["agent"])
         self.trainer.counters.update(payload.get("counters", {}))
         self.agent = self.trainer.agent

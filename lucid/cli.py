@@ -15,6 +15,7 @@ import typer
 from .config import (PRESETS, RESUME_SETTABLE, SECTIONS, SIZES, ConfigError,
                      _suggest, make_config, to_yaml)
 from .envs import default_preset
+from .seeds import eval_seed
 from .warn import raised_at
 
 app = typer.Typer(add_completion=False, no_args_is_help=False,
@@ -37,7 +38,10 @@ def _torch_version() -> str:
 @app.callback()
 def _main(version: bool = typer.Option(False, "--version", callback=_print_version,
                                        is_eager=True, help="print the version and exit")):
-    pass  # the commands below; --version is handled by its callback
+    # The commands below; --version is handled by its callback. lucid's warnings and notes
+    # print as one line each (notes on stdout, among the command's own lines).
+    from .warn import show_plainly
+    show_plainly(lambda text: typer.secho(text, fg="yellow", err=True), typer.echo)
 
 DEFAULT_ENV = "CartPole-v1"
 
@@ -106,7 +110,10 @@ def train(
     """Train an agent. Extra arguments are config overrides: section.key=value.
 
     Data-parallel learners: `torchrun --nproc-per-node G -m lucid train ...`."""
-    from .train import DiskFullError, EnvError, NonFiniteError, Trainer, slow_preset_note
+    from .notes import slow_preset_note
+    from .runner import EnvError
+    from .stops import DiskFullError, NonFiniteError
+    from .train import Trainer
     overrides = list(ctx.args)
     if "=" in env:  # no ENV given, the first override landed in its place
         overrides.insert(0, env)
@@ -139,7 +146,8 @@ def train(
         _fail(exc)
     typer.echo(f"run directory: {trainer.run_dir}  (preset {trainer.cfg.preset}, "
                f"size {trainer.cfg.model.size}, {trainer.cfg.run.steps} env steps)")
-    note = None if resume or preset else slow_preset_note(trainer, "--preset {}")
+    note = None if resume or preset else \
+        slow_preset_note(trainer.cfg, trainer.device, "--preset {}")
     if note:
         typer.echo(f"note: {note}")
     elif not resume and not preset and trainer.cfg.preset.startswith("cpu-"):
@@ -182,7 +190,8 @@ def train(
                            f"with {trainer.resume_hint()}", err=True)
             raise typer.Exit(128 + trainer.signalled)
         # not after Ctrl-C; data-parallel: rank 0 only
-        if trainer.cfg.run.videos and not trainer._stop and trainer.rank == 0:
+        if trainer.cfg.run.videos and not trainer.stop_requested \
+                and trainer.ranks.is_main:
             from .report import finish_run
             typer.echo("writing curves.png and report.html ...")
             made = finish_run(trainer)  # (the run's end made the videos)
@@ -197,9 +206,9 @@ def train(
 
 
 def _load_run(run_dir: str, file_ok: bool = False):
-    """Trainer of an existing run (newest checkpoint and its replay), without env runners;
+    """An existing run loaded to act (newest checkpoint and its replay), without env runners;
     with `file_ok`, also of an agent file that `Dreamer.save` wrote (no replay)."""
-    from .train import Trainer
+    from .acting import load_to_act
     if file_ok and Path(run_dir).is_file():
         from .api import Dreamer
         try:
@@ -207,8 +216,7 @@ def _load_run(run_dir: str, file_ok: bool = False):
         except (ConfigError, ValueError, TypeError, ImportError) as exc:
             _fail(exc)
     try:
-        return Trainer(make_config("default", run={"steps": 0}), run_dir, resume=True,
-                       learn=False)
+        return load_to_act(run_dir)
     except (ConfigError, ValueError, FileNotFoundError, TypeError, ImportError) as exc:
         _fail(exc)
 
@@ -321,7 +329,7 @@ def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str,
         recs = record_episodes(trainer.agent, cfg.env.id, episodes, cfg.env.max_episode_steps,
                                env_kwargs=dict(cfg.env.kwargs),
                                explore=sampled, paths=paths,
-                               seed=cfg.run.seed + 10_000 if seed is None else seed,
+                               seed=eval_seed(cfg.run.seed) if seed is None else seed,
                                max_steps=EVAL_MAX_STEPS)
     except (TypeError, NotImplementedError) as exc:  # an env without render_mode or pictures
         _fail(f"this env cannot be drawn for a video ({type(exc).__name__}: {exc}); "
@@ -474,8 +482,6 @@ for _cmd in app.registered_commands:
 
 
 def main():
-    from .warn import show_plainly
-    show_plainly(lambda text: typer.secho(text, fg="yellow", err=True))
     try:
         app()
     except OSError as exc:  # a full disk anywhere else (eval videos, a report): one line too

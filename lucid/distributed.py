@@ -26,7 +26,8 @@ import time
 import torch
 import torch._dynamo  # noqa: F401  (see below)
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from .device import resolve_device
 
 # torch._dynamo is imported here, before any process group exists: imported after
 # init_process_group (as the first optimiser or torch.compile does), it keeps references to
@@ -42,10 +43,51 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def ranks(device: str = "auto") -> "DataParallel | OneProcess":
+    """This process's learners: the data-parallel group torchrun started, else one process."""
+    return DataParallel(device) if launched() else OneProcess()
+
+
+class OneProcess:
+    """The learners of a run without data parallelism: DataParallel's calls, each what it
+    means for a group of one (the trainer reads no rank branches)."""
+
+    rank, world, is_main, parallel, checks = 0, 1, True, False, 0
+
+    def device_for(self, name: str):
+        """The learner's device: `run.device` (of the run as resumed) resolved here."""
+        return resolve_device(name)
+
+    def broadcast_object(self, obj):
+        return obj
+
+    def sum(self, value):
+        return value
+
+    def any(self, flag: bool) -> bool:
+        return bool(flag)
+
+    def barrier(self) -> None:
+        pass
+
+    def attach(self, agent) -> None:
+        pass
+
+    def check_identical(self, agent) -> None:
+        pass
+
+    def metrics(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
 class DataParallel:
     """This process's place among the learners, and the collectives the trainer uses."""
 
     _closes = 0  # close() calls in this process: every rank makes them in the same order
+    parallel = True
 
     def __init__(self, device: str = "auto", timeout_minutes: float = 30.0):
         self.rank = int(os.environ.get("RANK", "0"))
@@ -70,6 +112,14 @@ class DataParallel:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def device_for(self, name: str):
+        """The learner's device: each rank's own (cuda:LOCAL_RANK or the CPU)."""
+        return self.device
+
+    def metrics(self) -> dict:
+        """The metric row's columns of the data-parallel learners."""
+        return {"dist/world_size": self.world, "dist/param_checks": self.checks}
 
     def close(self) -> None:
         """Leave the group in step with the other ranks: each rank waits for all to arrive
@@ -153,13 +203,13 @@ class DataParallel:
             size += nbytes
         pending = []
         for bucket in buckets:
-            flat = _flatten_dense_tensors(bucket)
+            flat = torch.cat([t.reshape(-1) for t in bucket])
             pending.append((bucket, flat, dist.all_reduce(flat, async_op=True)))
         for bucket, flat, work in pending:
             work.wait()
             flat.div_(self.world)
-            for t, avg in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-                t.copy_(avg)
+            for t, avg in zip(bucket, flat.split([t.numel() for t in bucket])):
+                t.copy_(avg.view_as(t))
         return loss_t[0].to(loss.dtype)
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:

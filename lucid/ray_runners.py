@@ -34,6 +34,7 @@ from .config import from_yaml, to_yaml
 from .envs import env_fn
 from .envs.checks import spaces_of
 from .runner import Collector, EnvError, Episode, restarting
+from .seeds import runner_seed
 
 
 def _ray():
@@ -154,7 +155,7 @@ class RayCollector:
 
     def _start(self, i: int):
         ray = self._init_ray()
-        seed = self.seed + 10_007 * (i + 1) + 1_000_003 * self.runner_restarts
+        seed = runner_seed(self.seed, i, self.runner_restarts)
         actor = ray.remote(EnvRunner).options(num_cpus=self.cfg.run.runner_cpus,
                                               max_restarts=0)
         return actor.remote(self._cfg_yaml, i, seed, self.per_runner)

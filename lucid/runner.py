@@ -18,6 +18,7 @@ import torch
 
 from .envs import env_info
 from .envs.checks import close_env
+from .seeds import EVAL_OFFSET
 from .specs import ActionSpec, ObsSpec
 from .warn import raised_at, warn
 
@@ -186,7 +187,7 @@ class Collector:
 
 
 def evaluate(agent, env_fn: Callable[[], gym.Env], obs_spec: ObsSpec, act_spec: ActionSpec,
-             episodes: int, explore: bool = False, seed: int = 10_000) -> list[Episode]:
+             episodes: int, explore: bool = False, seed: int = EVAL_OFFSET) -> list[Episode]:
     """Run `episodes` full episodes with the agent's greedy (or sampled) policy. An env whose
     episodes do not end within EVAL_MAX_STEPS steps each is stopped with a warning (it has
     no time limit): the episodes finished by then are returned, then the running ones with

@@ -16,23 +16,37 @@ class LucidWarning(UserWarning):
     """A warning from lucid (a questionable env, a failed video or evaluation, ...)."""
 
 
+class LucidNote(LucidWarning):
+    """Something to know about a run that is no fault: a setting that trains slowly, a run
+    that will make no update, a device that the machine lacks. `lucid` commands print them
+    as `note: ...` lines."""
+
+
 warnings.filterwarnings("once", category=LucidWarning, append=True)
 
 
-def warn(message: str) -> None:
+def warn(message: str, category: type[LucidWarning] = LucidWarning) -> None:
     frame, level = sys._getframe(1), 2  # stacklevel 2: warn's caller
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
-    warnings.warn(message, LucidWarning, stacklevel=level - 1 if frame is None else level)
+    warnings.warn(message, category, stacklevel=level - 1 if frame is None else level)
 
 
-def show_plainly(echo) -> None:
-    """Print LucidWarnings as `echo("warning: ...")` (for the command line, where the caller's
-    line is the CLI library's); other warnings as Python shows them."""
+def note(message: str) -> None:
+    """A `LucidNote`: the warnings path, so that a program can filter or log it."""
+    warn(message, LucidNote)
+
+
+def show_plainly(echo, echo_note=None) -> None:
+    """Print LucidWarnings as `echo("warning: ...")` and LucidNotes as `echo_note("note: ...")`
+    (default: `echo`), for the command line, where the caller's line is the CLI library's;
+    other warnings as Python shows them."""
     plain = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, LucidWarning):
+        if issubclass(category, LucidNote):
+            (echo_note or echo)(f"note: {message}")
+        elif issubclass(category, LucidWarning):
             echo(f"warning: {message}")
         else:
             plain(message, category, filename, lineno, file, line)

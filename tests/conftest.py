@@ -35,3 +35,20 @@ def offline_wandb(monkeypatch, tmp_path_factory):
     """W&B offline for one test, its own folders outside the test's tmp_path."""
     for k, v in offline_wandb_vars(tmp_path_factory.mktemp("wandb")).items():
         monkeypatch.setenv(k, v)
+
+
+@pytest.fixture
+def said():
+    """`said()`: the LucidNotes issued since the last call, one `note: ...` line each (as
+    `lucid` commands print them); every note is recorded, also one said before."""
+    import warnings
+    from lucid.warn import LucidNote
+    with warnings.catch_warnings(record=True) as log:
+        warnings.simplefilter("always")
+
+        def take() -> str:
+            text = "\n".join(f"note: {w.message}" for w in log
+                             if issubclass(w.category, LucidNote))
+            log.clear()
+            return text
+        yield take

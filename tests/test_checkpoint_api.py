@@ -256,7 +256,7 @@ def test_dreamer_api_takes_an_env_instance_and_a_callback(tmp_path):
     agent.learn(20, callback=lambda info: None)  # a stopped run can learn again; None goes on
     assert agent.trainer.counters["env_steps"] >= seen[-1]["env_steps"] + 20
     # messages and default directories call the instance by its class
-    from lucid.train import default_run_dir
+    from lucid.rundir import default_run_dir
     assert default_run_dir(agent.cfg).name.startswith("CartPoleEnv-")
     assert agent.trainer.resume_hint() == (f"Dreamer.load({str(tmp_path / 'run')!r}, "
                                           f"resume=True, env=CartPoleEnv(...))")

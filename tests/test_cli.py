@@ -228,15 +228,15 @@ def test_a_cuda_device_this_machine_lacks_is_a_one_line_error(tmp_path, monkeypa
 
 
 def test_a_resumed_run_takes_the_device_asked_for_else_its_own_where_this_machine_has_it(
-        monkeypatch, capsys):
-    from lucid.train import resumed_device
+        monkeypatch, said):
+    from lucid.device import resumed_device
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resumed_device("cpu", "auto") == "cpu"
     assert resumed_device("auto", "auto") == "auto"
     assert resumed_device("cuda", "cpu") == "cpu"
-    assert capsys.readouterr().out == ""
+    assert said() == ""
     assert resumed_device("cuda", "auto") == "auto"  # trained on a GPU, continued on this CPU
-    assert "run.device=cuda, which this machine lacks; continuing on cpu" in capsys.readouterr().out
+    assert "run.device=cuda, which this machine lacks; continuing on cpu" in said()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert resumed_device("cuda:1", "auto") == "cuda:1"

@@ -22,7 +22,10 @@ from procs import kill_group, popen_grouped, run_grouped
 from lucid.checkpoint import list_checkpoints, load_latest
 from lucid.config import PRESETS, ConfigError, make_config
 from lucid.replay import Replay, to_batch
-from lucid.train import DiskFullError, EnvError, NonFiniteError, Trainer
+from lucid.acting import load_to_act
+from lucid.runner import EnvError
+from lucid.stops import DiskFullError, NonFiniteError
+from lucid.train import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = {"obs/vector": ((2,), np.float32), "action": ((1,), np.float32),
@@ -643,7 +646,7 @@ def test_a_start_that_fails_after_making_its_directory_takes_it_away(tmp_path, m
     tr.close()
 
 
-def test_a_resume_with_another_train_ratio_goes_on_from_the_updates_done(tmp_path, capsys):
+def test_a_resume_with_another_train_ratio_goes_on_from_the_updates_done(tmp_path, said):
     """train.train_ratio raised in config.yaml before a resume: the updates go on at the new
     ratio from the updates done (not a burst of the updates the whole run would have had)."""
     import re
@@ -658,18 +661,18 @@ def test_a_resume_with_another_train_ratio_goes_on_from_the_updates_done(tmp_pat
     path.write_text(text)
     again = Trainer(make_config("default", run={"steps": 70}), tmp_path, resume=True)
     assert again.updates_due() == done  # not (60 - 20) * 64 / 16 = 160
-    assert "train schedule changed on resume (train_ratio 16 -> 64" in capsys.readouterr().out
+    assert "train schedule changed on resume (train_ratio 16 -> 64" in said()
     again.run()
     again.close()
     assert again.counters["updates"] == done + (70 - 60) * 64 // 16
     third = Trainer(make_config("default", run={"steps": 70}), tmp_path, resume=True)
     assert third.updates_due() == third.counters["updates"]  # the offset is saved
-    assert "train schedule changed" not in capsys.readouterr().out
+    assert "train schedule changed" not in said()
     third.close()
     path.write_text(path.read_text().replace("train_ratio: 64", "train_ratio: 32"))
     fourth = Trainer(make_config("default", run={"steps": 70}), tmp_path, resume=True)
     assert fourth.updates_due() == fourth.counters["updates"]  # a second change: the same
-    assert "train schedule changed on resume (train_ratio 64 -> 32" in capsys.readouterr().out
+    assert "train schedule changed on resume (train_ratio 64 -> 32" in said()
     fourth.close()
 
 
@@ -687,15 +690,15 @@ def test_a_replay_too_small_for_one_window_is_refused_before_the_run(tmp_path):
 def test_a_start_that_loses_the_lock_leaves_the_winners_directory_alone(tmp_path, monkeypatch):
     """Two starts on the same new --run-dir: both find it missing, the other one makes and
     locks it first; the refused start must not take away what it did not make."""
-    import lucid.train
-    real, other = lucid.train.claim_run_dir, []
+    import lucid.rundir
+    real, other = lucid.rundir.claim_run_dir, []
 
     def other_claims_first(given, cfg):
-        monkeypatch.setattr(lucid.train, "claim_run_dir", real)
+        monkeypatch.setattr(lucid.rundir, "claim_run_dir", real)
         other.append(Trainer(_cfg(given)))
         return real(given, cfg)
 
-    monkeypatch.setattr(lucid.train, "claim_run_dir", other_claims_first)
+    monkeypatch.setattr(lucid.rundir, "claim_run_dir", other_claims_first)
     with pytest.raises(ConfigError, match="in use by another Trainer"):
         Trainer(_cfg(tmp_path / "run"))
     assert (tmp_path / "run" / "config.yaml").is_file()
@@ -712,6 +715,7 @@ def test_a_repeated_sigterm_finishes_the_step_and_a_second_ctrl_c_stops_at_once(
     one, at its step's end, saved, `signalled` set for `lucid train`'s exit status. SIGINT: the
     second one means stop now; the run still saves before KeyboardInterrupt leaves it."""
     tr = Trainer(_cfg(tmp_path, run={"steps": 10_000}))
+    handler = signal.getsignal(signum)
 
     def twice(info):
         if info["env_steps"] >= 40:
@@ -729,25 +733,25 @@ def test_a_repeated_sigterm_finishes_the_step_and_a_second_ctrl_c_stops_at_once(
         assert load_latest(tmp_path)[0]["counters"]["env_steps"] == tr.counters["env_steps"]
     finally:
         tr.close()
-    assert signal.getsignal(signum) is not tr._handle_signal  # the handlers are put back
+    assert signal.getsignal(signum) is handler  # the handlers are put back
 
 
-def test_a_run_whose_episodes_never_end_says_so_once(tmp_path, monkeypatch, capsys):
-    import lucid.train
-    monkeypatch.setattr(lucid.train, "NO_EPISODE_NOTE", 40)
+def test_a_run_whose_episodes_never_end_says_so_once(tmp_path, monkeypatch, said):
+    import lucid.notes
+    monkeypatch.setattr(lucid.notes, "NO_EPISODE_STEPS", 40)
     cfg = _cfg(tmp_path, env={"id": "envs_for_tests:CountEnv", "kwargs": {"terminate": False}},
                run={"steps": 80})
     tr = Trainer(cfg)
     tr.run()
     tr.close()
-    out = capsys.readouterr().out
+    out = said()
     assert out.count("note: no episode has ended in 40 env steps; if this env has no time "
                      "limit, give it one (env.max_episode_steps=N)") == 1
     ends = _cfg(tmp_path / "ends", env={"id": "envs_for_tests:CountEnv"}, run={"steps": 80})
     tr = Trainer(ends)  # CountEnv ends every 3 steps: nothing to say
     tr.run()
     tr.close()
-    assert "no episode has ended" not in capsys.readouterr().out
+    assert "no episode has ended" not in said()
 
 
 def test_eval_and_callback_failures_keep_the_run(tmp_path, monkeypatch):
@@ -779,7 +783,7 @@ def test_eval_and_callback_failures_keep_the_run(tmp_path, monkeypatch):
 
 
 def test_one_training_process_per_run_directory_and_loading_one_changes_nothing(tmp_path):
-    from lucid.train import VIEW_STEPS
+    from lucid.parts import VIEW_STEPS
     tr = Trainer(_cfg(tmp_path, train={"replay_memmap": True}, run={"steps": 30}))
     tr.run()  # a Trainer that learns holds its directory from its start until close()
     files = lambda: {p: p.read_bytes() for p in tmp_path.rglob("*")  # noqa: E731
@@ -809,7 +813,7 @@ def test_one_training_process_per_run_directory_and_loading_one_changes_nothing(
             kill_group(holder)
     assert files() == before
     # eval and dream load it without the lock, into memory, and write nothing
-    view = Trainer(make_config("default", run={"steps": 0}), tmp_path, resume=True, learn=False)
+    view = load_to_act(tmp_path)
     assert not isinstance(view.replay.data["obs/vector"], np.memmap)
     assert view.replay.per_env == VIEW_STEPS < tr.replay.per_env
     for k, v in _stored(view.replay).items():
@@ -838,8 +842,7 @@ def test_loading_a_run_to_evaluate_sets_nothing_aside(tmp_path):
     for config in (before[tmp_path / "config.yaml"], b""):
         (tmp_path / "config.yaml").write_bytes(config)
         with pytest.warns(UserWarning, match="ckpt-000000999.pt"):
-            view = Trainer(make_config("default", run={"steps": 0}), tmp_path, resume=True,
-                           learn=False)
+            view = load_to_act(tmp_path)
         view.close()
         assert view.counters["env_steps"] == 30 and len(view.replay) == 30
         assert files() == {**before, tmp_path / "config.yaml": config}
@@ -954,12 +957,11 @@ def test_a_run_directory_given_with_a_tilde_is_in_the_home_directory(tmp_path, m
     with Trainer(_cfg(tmp_path, run={"run_dir": "~/runs/x", "steps": 30})) as tr:
         tr.run()
     assert tr.run_dir == tmp_path / "home" / "runs" / "x" and not (tmp_path / "~").exists()
-    again = Trainer(make_config("default", run={"steps": 0}), "~/runs/x", resume=True,
-                    learn=False)
+    again = load_to_act("~/runs/x")
     assert again.counters["env_steps"] == 30
 
 
-def test_a_damaged_config_yaml_is_named_or_recovered_from_the_checkpoint(tmp_path, capsys):
+def test_a_damaged_config_yaml_is_named_or_recovered_from_the_checkpoint(tmp_path, said):
     tr = Trainer(_cfg(tmp_path, run={"steps": 30}))
     tr.run()
     tr.close()
@@ -970,7 +972,7 @@ def test_a_damaged_config_yaml_is_named_or_recovered_from_the_checkpoint(tmp_pat
         Trainer(make_config("default", run={"steps": 40}), tmp_path, resume=True)
     path.write_text("")  # a disk that filled up
     again = Trainer(make_config("default", run={"steps": 40}), tmp_path, resume=True)
-    assert "config.yaml is empty; using the config stored in" in capsys.readouterr().out
+    assert "config.yaml is empty; using the config stored in" in said()
     assert again.cfg.train.batch_size == 2 and again.counters["env_steps"] == 30
     again.close()
     assert path.read_text() == good.replace("steps: 30", "steps: 40")  # written back whole
@@ -1260,7 +1262,7 @@ def test_empty_files_of_a_start_that_wrote_nothing_do_not_hold_a_run(tmp_path):
     assert (tmp_path / "config.yaml").is_file()
 
 
-def test_a_resume_with_another_prefill_goes_on_from_the_updates_done(tmp_path, capsys):
+def test_a_resume_with_another_prefill_goes_on_from_the_updates_done(tmp_path, said):
     """train.prefill edited in config.yaml before a resume: lowered, no burst of the updates
     the lower prefill would have called for; raised past the steps done, random actions
     again up to it and no updates, then updates go on from those done."""
@@ -1274,7 +1276,7 @@ def test_a_resume_with_another_prefill_goes_on_from_the_updates_done(tmp_path, c
     path.write_text(saved.replace("prefill: 20\n", "prefill: 0\n"))
     with Trainer(make_config("default", run={"steps": 64}), tmp_path, resume=True) as lower:
         assert lower.updates_due() == done  # not 60 * 16 / 16 = 60
-        assert "(train_ratio 16 -> 16, prefill 20 -> 0," in capsys.readouterr().out
+        assert "(train_ratio 16 -> 16, prefill 20 -> 0," in said()
     path.write_text(saved.replace("prefill: 20\n", "prefill: 70\n"))
     with Trainer(make_config("default", run={"steps": 76}), tmp_path, resume=True) as higher:
         assert higher.updates_due() == 0

@@ -270,7 +270,7 @@ def _trainer_rank(rank, world, port, run_dir, out_dir):
         params = torch.cat([t.reshape(-1).double() for m in tr.agent.modules().values()
                             for t in m.state_dict().values() if t.is_floating_point()])
         first_obs = tr.replay.data["obs/vector"][:, 0].copy()
-        torch.save({"params": params, "counters": dict(tr.counters), "checks": tr.dist.checks,
+        torch.save({"params": params, "counters": dict(tr.counters), "checks": tr.ranks.checks,
                     "first_obs": first_obs}, Path(out_dir) / f"trainer{rank}.pt")
     finally:
         tr.close()
@@ -310,13 +310,14 @@ def _failing_start(rank, world, port, run_dir, out_dir, where):
     cannot be made instead."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import lucid.learning
     from lucid.agent import Agent
     from lucid.train import Trainer
-    cls, name = {"agent": (Agent, "__init__"), "collector": (Trainer, "_make_collector"),
-                 "replay": (Trainer, "_make_replay")}[where]
+    cls, name = {"agent": (Agent, "__init__"), "collector": (lucid.learning, "make_collector"),
+                 "replay": (lucid.learning, "make_replay")}[where]
     step = getattr(cls, name)
 
-    def failing(self, *args, **kwargs):
+    def failing(*args, **kwargs):
         if where == "replay":  # rank 1's memory-mapped ring, made after the start
             if rank == 1 and kwargs.get("build", True):
                 raise OSError(28, "No space left on device")
@@ -324,7 +325,7 @@ def _failing_start(rank, world, port, run_dir, out_dir, where):
             raise MemoryError(f"rank 0's {where} failed")
         else:
             time.sleep(3.0)
-        return step(self, *args, **kwargs)
+        return step(*args, **kwargs)
 
     setattr(cls, name, failing)
     cfg = _dp_cfg(run_dir)

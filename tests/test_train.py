@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from lucid.config import ConfigError, for_device, make_config
-from lucid.train import Trainer, gpu_speed_note
+from lucid.acting import ActingRun, load_to_act
+from lucid.device import gpu_speed_note
+from lucid.train import Trainer
 
 
 def _cfg(tmp_path, **over):
@@ -223,20 +225,20 @@ def test_a_resume_refuses_a_config_yaml_that_changed_what_the_checkpoint_was_mad
     assert again.counters["env_steps"] == 8
 
 
-def test_a_run_within_the_prefill_says_it_makes_no_update(tmp_path, capsys):
+def test_a_run_within_the_prefill_says_it_makes_no_update(tmp_path, said):
     """run.steps <= train.prefill: all random actions, said before the run; one step more
     than the prefill is an update's worth of steps, and nothing is said."""
     with Trainer(_cfg(tmp_path / "a", run={"steps": 20})) as tr:  # prefill 20
         tr.run()
     assert "note: run.steps=20 ends within the 20 random-action steps of train.prefill" \
-        in capsys.readouterr().out and tr.counters["updates"] == 0
+        in said() and tr.counters["updates"] == 0
     with Trainer(_cfg(tmp_path / "b", train={"batch_size": 2, "batch_length": 8,
                                              "train_ratio": 16}, run={"steps": 22})) as tr:
         tr.run()
-    assert "random-action steps" not in capsys.readouterr().out and tr.counters["updates"] == 2
+    assert "random-action steps" not in said() and tr.counters["updates"] == 2
 
 
-def test_a_run_too_short_for_one_window_says_it_makes_no_update(tmp_path, capsys):
+def test_a_run_too_short_for_one_window_says_it_makes_no_update(tmp_path, said):
     """run.steps past the prefill but below one train.batch_length window per env: no update
     could be made, which the run used to end with silently; a window's worth is enough."""
     over = {"batch_size": 2, "batch_length": 16, "prefill": 4, "train_ratio": 16}
@@ -244,15 +246,15 @@ def test_a_run_too_short_for_one_window_says_it_makes_no_update(tmp_path, capsys
                       run={"steps": 30})) as tr:
         tr.run()
     assert "note: run.steps=30 gives each of the 2 env(s) 15 steps, fewer than one " \
-           "train.batch_length=16 window, so no update will be made" in capsys.readouterr().out
+           "train.batch_length=16 window, so no update will be made" in said()
     assert tr.counters["updates"] == 0
     with Trainer(_cfg(tmp_path / "b", env={"num_envs": 2}, train=over,
                       run={"steps": 34})) as tr:
         tr.run()
-    assert "window" not in capsys.readouterr().out and tr.counters["updates"] > 0
+    assert "window" not in said() and tr.counters["updates"] > 0
 
 
-def test_a_run_whose_train_ratio_calls_for_no_update_says_so(tmp_path, capsys):
+def test_a_run_whose_train_ratio_calls_for_no_update_says_so(tmp_path, said):
     """Past the prefill and a window per env, but (steps - prefill) x train_ratio short of
     one update's B x T replayed steps: no update, said before the run; enough steps for one
     update make it, and nothing is said."""
@@ -261,11 +263,11 @@ def test_a_run_whose_train_ratio_calls_for_no_update_says_so(tmp_path, capsys):
         tr.run()
     assert "note: 10 env steps after train.prefill at train.train_ratio=1 call for 10 " \
            "replayed steps, fewer than the 16 of one update, so no update will be made" \
-        in capsys.readouterr().out
+        in said()
     assert tr.counters["updates"] == 0
     with Trainer(_cfg(tmp_path / "b", train=over, run={"steps": 36})) as tr:
         tr.run()
-    assert "no update" not in capsys.readouterr().out and tr.counters["updates"] == 1
+    assert "no update" not in said() and tr.counters["updates"] == 1
 
 
 def _gpu(monkeypatch, bf16=True, compile_=True):
@@ -275,7 +277,7 @@ def _gpu(monkeypatch, bf16=True, compile_=True):
     monkeypatch.setattr(lucid.config, "cuda_features", lambda: {"bf16": bf16, "compile": compile_})
 
 
-def test_a_gpu_run_is_told_the_fastest_gpu_settings_it_was_set_away_from(tmp_path, capsys,
+def test_a_gpu_run_is_told_the_fastest_gpu_settings_it_was_set_away_from(tmp_path, said,
                                                                          monkeypatch):
     """On CUDA the note names the settings of the fastest GPU update (CUDA's defaults) that
     the agent's config was set away from; with CUDA's defaults, data-parallel, or on a CPU,
@@ -297,18 +299,18 @@ def test_a_gpu_run_is_told_the_fastest_gpu_settings_it_was_set_away_from(tmp_pat
         is None
     with Trainer(_cfg(tmp_path / "a", run={"steps": 20})) as tr:
         tr._notes()
-        out = capsys.readouterr().out
+        out = said()
         assert "on this GPU" not in out and "train.compile=true" not in out
         tr.device = cuda  # what the notes before a run read of a GPU learner
         tr.agent.config = off
         tr._notes()
-        assert f"note: {note}" in capsys.readouterr().out
+        assert f"note: {note}" in said()
         tr.agent.config = for_device(tr.cfg, "cuda")  # CUDA's defaults: compiled
         tr._notes()
-        out = capsys.readouterr().out
+        out = said()
         assert "on this GPU" not in out
-        assert "note: train.compile=true: the update is compiled before the first one (about " \
-               "1-2 minutes on an H200" in out
+        assert "note: train.compile=true: the update is compiled before the first one (once " \
+               "per run and batch shape" in out
     _gpu(monkeypatch, bf16=False)  # e.g. a V100: fp32 is what it does best
     assert gpu_speed_note(fp32, cuda) is None
 
@@ -354,23 +356,21 @@ def test_settings_left_to_the_device_are_chosen_for_the_learners_device(tmp_path
         assert f"{k}: null" in saved
     # An agent loaded to act (eval, dream) is not compiled unless asked: the trainer leaves
     # train.compile to the device only when it learns.
-    import lucid.train
+    import lucid.device
     asked = []
-    monkeypatch.setattr(lucid.train, "for_device",
+    monkeypatch.setattr(lucid.device, "for_device",
                         lambda c, *a, **k: (asked.append(c.train.compile), for_device(c, *a, **k))[1])
-    with Trainer(make_config("default", run={"steps": 0}), tmp_path / "a", resume=True,
-                 learn=False):
+    with load_to_act(tmp_path / "a"):
         pass
     yaml_path = tmp_path / "a" / "config.yaml"
     yaml_path.write_text(saved.replace("compile: null", "compile: true"))  # asked for
-    with Trainer(make_config("default", run={"steps": 0}), tmp_path / "a", resume=True,
-                 learn=False):
+    with load_to_act(tmp_path / "a"):
         pass
     with Trainer(_cfg(tmp_path / "b", run={"steps": 20})):
         pass
     assert asked == [False, True, None]
     # The trainer samples on a thread where the agent's config chose it (CUDA): here forced.
-    monkeypatch.setattr(lucid.train, "for_device", lambda c, *a, **k: dataclasses.replace(
+    monkeypatch.setattr(lucid.device, "for_device", lambda c, *a, **k: dataclasses.replace(
         c, train=dataclasses.replace(for_device(c, *a, **k).train, prefetch=True)))
     with Trainer(_cfg(tmp_path / "c", run={"steps": 20})) as tr:
         tr.run()
@@ -383,9 +383,9 @@ def test_an_agent_made_to_act_is_compiled_when_it_learns_where_the_device_compil
     agent at its first learn(): where the device's choice is to compile (CUDA's), the
     learning Trainer compiles it, with the precision that goes with it; a train.compile set
     in the config is left as it is."""
-    import lucid.train
+    import lucid.device
     from lucid.agent import COMPILE_CHUNK
-    real = lucid.train.for_device
+    real = lucid.device.for_device
 
     def compiling_device(c, *a, **k):  # CUDA's choice, on this CPU (no graph: that needs CUDA)
         got = real(c, *a, **k)
@@ -393,10 +393,10 @@ def test_an_agent_made_to_act_is_compiled_when_it_learns_where_the_device_compil
             got = dataclasses.replace(got, train=dataclasses.replace(
                 got.train, compile=True, precision="bf16"))
         return got
-    monkeypatch.setattr(lucid.train, "for_device", compiling_device)
+    monkeypatch.setattr(lucid.device, "for_device", compiling_device)
     for compile_, learns_compiled in [(None, True), (False, False)]:
         cfg = _cfg(tmp_path / str(compile_), train={"compile": compile_})
-        with Trainer(cfg, learn=False) as acting:
+        with ActingRun(cfg) as acting:
             agent = acting.agent
         assert not agent.config.train.compile and agent.config.train.precision == "fp32"
         assert agent.wm.chunk != COMPILE_CHUNK  # (what Agent._compile sets)

@@ -27,6 +27,7 @@ from lucid.nets import onehot_mode, symexp
 from lucid.plot import eval_points, group_curve, group_runs, load_run, plot_runs
 from lucid.replay import to_batch
 from lucid.report import write_report
+from lucid.acting import load_to_act
 from lucid.train import Trainer
 
 cli = CliRunner()
@@ -54,7 +55,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trainer(runs):
-    return Trainer(make_config("default", run={"steps": 0}), runs[0], resume=True, learn=False)
+    return load_to_act(runs[0])
 
 
 class DotEnv(gym.Env):
@@ -963,8 +964,7 @@ def test_dream_of_a_vector_env_that_cannot_draw_its_states_is_a_plot(runs, tmp_p
     assert r.exit_code == 2 and "cannot be drawn" in r.output and "NAME.png" in r.output
     assert r.exception is None or isinstance(r.exception, SystemExit)
     with pytest.raises(ValueError, match="plot_open_loop"):
-        video.dream_video(Trainer(make_config("default", run={"steps": 0}), run, resume=True,
-                                  learn=False), horizon=4, context=2)
+        video.dream_video(load_to_act(run), horizon=4, context=2)
     r = cli.invoke(app, ["dream", str(runs[0]), "--horizon", "4",
                          "--out", str(tmp_path / "c.png")])
     assert r.exit_code == 0, r.output

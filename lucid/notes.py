@@ -1,0 +1,81 @@
+"""What a user should know about a run that is no fault (`LucidNote`s: `note: ...` lines on
+the command line, warnings in Python): settings that make no update or train slowly, the
+device's faster settings, and what changed on resume."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import Config, make_config
+from .device import compile_note, gpu_speed_note
+from .warn import note
+
+NO_EPISODE_STEPS = 10_000  # env steps without a finished episode before a run says so
+
+
+def _no_update(cfg: Config, counters: dict, envs: int, ratio, local: bool) -> str | None:
+    """Why a run of `cfg.run.steps` from `counters` would make no update, if it would not.
+    `envs`: the env streams that env_steps counts (over all ranks)."""
+    t, steps, done = cfg.train, cfg.run.steps, counters["env_steps"]
+    if not done < steps:
+        return None
+    if steps <= t.prefill:
+        return (f"run.steps={steps} ends within the {t.prefill} random-action steps of "
+                f"train.prefill, so no update will be made; raise --steps or lower "
+                f"train.prefill")
+    if steps < envs * t.batch_length and local:  # (a window lies within one env's steps)
+        return (f"run.steps={steps} gives each of the {envs} env(s) {steps // envs} steps, "
+                f"fewer than one train.batch_length={t.batch_length} window, so no update "
+                f"will be made; raise --steps or lower train.batch_length")
+    if ratio.due(steps) <= counters["updates"]:
+        trains = steps - max(done, t.prefill)  # the steps that train
+        return (f"{trains} env steps after train.prefill at train.train_ratio="
+                f"{t.train_ratio:g} call for {trains * t.train_ratio:g} replayed steps, fewer "
+                f"than the {ratio.replayed_per_update} of one update, so no update will be "
+                f"made; raise --steps or train.train_ratio, or lower train.batch_size")
+    return None
+
+
+def before_run(cfg: Config, agent_cfg: Config, counters: dict, act_spec, device: torch.device,
+               ratio, world: int = 1) -> None:
+    """The notes before a run: `cfg` as config.yaml has it, `agent_cfg` as the device chose
+    its null settings, `world` data-parallel learners."""
+    new, going = counters["env_steps"] == 0, counters["env_steps"] < cfg.run.steps
+    envs = cfg.env.num_envs * world
+    if why := _no_update(cfg, counters, envs, ratio, cfg.run.runners == "local"):
+        note(why)
+    if new and (gpu := gpu_speed_note(agent_cfg, device, data_parallel=world > 1)):
+        note(gpu)
+    if going and (slow := compile_note(agent_cfg)):
+        note(slow)
+    if (new and not act_spec.is_discrete and not act_spec.is_continuous
+            and cfg.train.continuous_grad == "dynamics"):
+        note("the action space has discrete and Box actions, so the actor learns all of them "
+             "by REINFORCE, as the authors' current code does (train.continuous_grad=dynamics "
+             "applies to Box-only spaces)")
+
+
+def no_episode(env_steps: int) -> None:
+    note(f"no episode has ended in {env_steps:,} env steps; if this env has no time limit, "
+         f"give it one (env.max_episode_steps=N): returns, episodes.jsonl and evaluations "
+         f"come from finished episodes")
+
+
+def schedule_changed(was: dict, now: dict, updates: int) -> None:
+    note(f"the train schedule changed on resume (train_ratio {was['train_ratio']:g} -> "
+         f"{now['train_ratio']:g}, prefill {was['prefill']} -> {now['prefill']}, replayed "
+         f"steps per update {was['replayed_per_update']} -> {now['replayed_per_update']}); "
+         f"updates go on at the new ratio from {updates:,}")
+
+
+def slow_preset_note(cfg: Config, device: torch.device, spell: str) -> str | None:
+    """For a preset picked by the env's domain, not by the user: a note when it is one of the
+    paper's settings and the run is on a CPU, naming the CPU presets as `spell` writes a preset
+    name (`--preset {}` for the CLI, `preset='{}'` for Python)."""
+    if device.type != "cpu" or cfg.preset.startswith("cpu-") \
+            or cfg.train.train_ratio != make_config(cfg.preset).train.train_ratio:
+        return None  # (a train ratio of the user's: the choice is made)
+    return (f"preset {cfg.preset} is the paper's setting (train ratio "
+            f"{cfg.train.train_ratio:g}), slow on a CPU; for a small task try "
+            f"{spell.format('cpu-control')} (vector observations) or "
+            f"{spell.format('cpu-pixels')} (images)")
