@@ -66,9 +66,7 @@ def _adam(params, lr, eps, capturable=False):
 
 
 # train.compile: observe steps per compiled graph. Longer chunks cut the per-call cost of the
-# graphs' boundaries (forward and backward) and cost compile time: at nano, B=16, T=64, the
-# observe loop took 67 ms eager, 39 ms as 64 single-step graphs, 19 ms as 8 graphs of 8
-# steps (compiled in ~60 s).
+# graphs' boundaries (forward and backward) and cost compile time (docs/performance.md).
 COMPILE_CHUNK = 8
 
 
@@ -230,8 +228,8 @@ class Agent:
         if t.precision == "bf16":
             # The cache of weight casts lives within one region (cleared on exit), so under
             # train.cuda_graph the casts are captured once per region, as in eager; without
-            # it each RSSM step cast its weights anew and kept the copy for backward (the
-            # graphed XL update peaked at 12.2 GiB on the H200, eager at 3.9).
+            # it each RSSM step cast its weights anew and kept the copy for backward, several
+            # times the memory of an eager update.
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -510,7 +508,7 @@ class Agent:
     def load_state_dict(self, state: dict) -> None:
         for k, m in self.modules().items():
             own, theirs = m.state_dict(), state["modules"][k]
-            if k == "return_norm":  # checkpoints before 2026-12-03 saved the percentiles
+            if k == "return_norm":  # older checkpoints saved the percentiles as state
                 theirs = {n: v for n, v in theirs.items() if n != "q"}
             if own.keys() != theirs.keys():
                 raise ValueError(f"checkpoint does not match this agent's {k}: "
