@@ -73,8 +73,8 @@ fi
 
 # ------------------------------------------------------------------ 1. tests on the device
 log "tests: tests/test_cuda_graph.py on $DEVICE"
-# Two processes, as long as each other: the compiled bf16 test (~95 s on the H200, mostly
-# compiling on the CPU cores) beside all the others (~90 s).
+# Two processes, about as long as each other: the compiled bf16 test (mostly compiling on the
+# CPU cores) beside all the others.
 timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_graph.py -k compiled_bf16 \
   --junitxml="$WORK/gpu_tests_1.xml" > "$WORK/gpu_tests_1.log" 2>&1 &
 TESTS_1=$!

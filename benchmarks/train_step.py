@@ -130,7 +130,7 @@ def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
     first_s = None
     if compile_:
         agent.config.train.compile = True
-        agent._compile()  # what `train.compile=true` does at construction
+        agent.compile()  # what `train.compile=true` does at construction
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times = []
     for i in range(warmup + iters):

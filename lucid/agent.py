@@ -213,7 +213,6 @@ class Agent:
             twohot.mean = torch.compile(twohot.mean, **opts)
             twohot.mean_of = torch.compile(twohot.mean_of, **opts)
 
-    _compile = compile  # the name lucid.device and benchmarks/train_step.py call
 
     # ------------------------------------------------------------------ precision
 

@@ -141,25 +141,24 @@ class TrainConfig:
     actor_baseline_grad: bool = False
     # torch.compile the update's loops and nets (observe in chunks of 8 steps, the whole
     # REINFORCE imagination rollout, heads, encoder, decoder, actor and critic); same maths,
-    # compiled once per shape (~2.5-5 minutes on a 2-core CPU, less with
-    # train.cpp_wrapper=false; pays at nano-XXS, docs/performance.md; ~1-2 minutes on an
-    # H200). null: chosen for the learner's device (below).
+    # compiled once per shape, which takes minutes (how long and where it pays:
+    # docs/performance.md). null: chosen for the learner's device (below).
     compile: Optional[bool] = None
     # train.compile on a CPU: the compiled graphs' wrapper code in C++ instead of Python, so
-    # each of their kernel calls costs less host time (mini: 1.09x per update); the first
-    # compile takes ~2x as long. GPUs keep the Python wrapper.
+    # each of their kernel calls costs less host time, at the price of a longer first
+    # compile (docs/performance.md). GPUs keep the Python wrapper.
     cpp_wrapper: bool = True  # train.compile on CPU: graphs call their kernels from C++
     # Speed switches that keep the maths (docs/performance.md). precision "bf16": the update's
     # matmuls and convolutions run in bf16 under torch.autocast (GPU, or CPUs with bf16 units);
     # norms, GRU state, distributions, KL, two-hot losses, returns and all parameters and
     # optimiser state stay fp32. null: chosen for the learner's device (below): bf16 on CUDA
-    # when the update is compiled and graphed and the GPU has bf16 (eager bf16 was slower than
-    # fp32 on an H200), else fp32.
+    # when the update is compiled and graphed and the GPU has bf16 (eager bf16 does not beat
+    # eager fp32 there: docs/performance.md), else fp32.
     precision: Optional[str] = None  # "fp32", "bf16" (autocast of the forward passes), null
     # Sample the next batch on a background thread during the update (the authors' code
     # prefetches too): a batch may lack the last env step collected. null: on CUDA, where
-    # it took the sampling (1.2-2.8 ms a batch on the H200) out of 10-50 ms updates; off on
-    # a CPU, where sampling is ~0.1% of an update and the thread takes a core.
+    # sampling is a visible share of a fast update; off on a CPU, where it is a tiny share
+    # of a slow one and the thread would take a core from the update.
     prefetch: Optional[bool] = None  # sample the next batch on a background thread
     onehot_gather: Optional[bool] = None  # imagined z as indices, no one-hot matmul (null: CPU)
     channels_last: bool = True  # image encoder convolutions on NHWC memory
@@ -171,7 +170,7 @@ class TrainConfig:
     # CUDA graph and replay it per batch (lucid.agent.GraphedUpdate); one process, fixed B, T.
     # Settings left null are chosen for the learner's device (config.for_device): on CUDA
     # (one process) the update compiled, in bf16 and captured as one graph, over dense
-    # one-hots, batches prefetched (on an H200: 10.6 ms at S, 9.6x eager; 37.4 ms at XL);
+    # one-hots, batches prefetched (the fastest GPU update: docs/performance.md);
     # data-parallel CUDA learners eager in fp32; on a CPU eager, fp32, no graph, gathered
     # one-hots, no prefetching.
     cuda_graph: Optional[bool] = None  # replay the update as one captured CUDA graph
@@ -558,7 +557,7 @@ def for_device(cfg: Config, device_type: str, data_parallel: bool = False) -> Co
     measured per device (docs/performance.md); the maths is the same either way:
     - on CUDA, one process: the update captured as one CUDA graph over dense one-hot layers,
       compiled (where torch.compile can build GPU kernels) and in bf16 (where the GPU has
-      it, and only compiled: eager bf16 was slower than fp32 on the H200); each follows from
+      it, and only compiled: eager bf16 does not beat eager fp32 there); each follows from
       the one before, so train.cuda_graph=false alone also gives eager fp32; batches
       prefetched;
     - data-parallel CUDA learners: no graph (it is for one process), eager, fp32, batches

@@ -4,6 +4,7 @@ checkpoint and closed."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from . import checkpoint as ckpt
@@ -52,8 +53,15 @@ class LearningRun:
         if resume:
             cfg, loaded = self._resumed(cfg, given, env, settings)
         resolve_ids(cfg)
-        self.cfg, rank = cfg, self.ranks.rank
+        rank = self.ranks.rank
         self.device = self.ranks.device_for(cfg.run.device)
+        # The run's one config, with the settings it leaves to the device chosen here (the
+        # agent's); config.yaml and checkpoints keep those null (`saved_config`), so that a
+        # resume on another device chooses them there.
+        self.cfg = chosen_for(cfg, self.device, data_parallel=self.ranks.parallel)
+        self._left_to_device = [f.name for f in dataclasses.fields(cfg.train)
+                                if getattr(cfg.train, f.name) is None
+                                and getattr(self.cfg.train, f.name) is not None]
         self.obs_spec, self.act_spec = spaces_of(cfg)  # a bad env fails before any file is written
         agent_cls = agent_class(cfg)  # so does a bad model.agent
         if not resume:
@@ -61,7 +69,7 @@ class LearningRun:
             if self.ranks.is_main:  # a resume's, once its checkpoint loaded
                 self.write_config()
         set_up_process(cfg, rank)
-        self.agent = self._make_agent(agent_cls, agent)
+        self.agent = self._make_agent(agent_cls, agent, cfg)
         # A new run's ranks > 0 make their replay (memory-mapped: files in the run directory)
         # once every rank has started, so that rank 0, which takes the directory away when
         # its start fails, cannot race one of them writing into it.
@@ -95,12 +103,11 @@ class LearningRun:
         # it as unreadable, or as gone once renamed, to the same previous one.
         return resumed_config(cfg, self.run_dir, self.ranks.is_main, env, settings)
 
-    def _make_agent(self, agent_cls, agent):
-        chosen = chosen_for(self.cfg, self.device, data_parallel=self.ranks.parallel)
-        made = agent_cls(self.obs_spec, self.act_spec, chosen, self.device)
+    def _make_agent(self, agent_cls, agent, given: Config):
+        made = agent_cls(self.obs_spec, self.act_spec, self.cfg, self.device)
         if agent is not None:  # made as this one was (the same draws: runs repeat by seed)
             made = agent
-            learn_as_chosen(agent, self.cfg, chosen)
+            learn_as_chosen(agent, given, self.cfg)
         made.check_optimisers()  # a network assigned after the optimisers would never train
         return made
 
@@ -147,7 +154,7 @@ class LearningRun:
             "schedule": self.ratio.state_dict(),
             "recent_returns": list(self.recent),
             "achievements": self.achievements.state_dict(),
-            "config": to_yaml(self.cfg),
+            "config": to_yaml(self.saved_config()),
         }
         return ckpt.save_checkpoint(self.run_dir, payload, keep=self.cfg.run.keep_checkpoints)
 
@@ -159,7 +166,15 @@ class LearningRun:
 
     def write_config(self) -> None:
         """RUN_DIR/config.yaml: the run's config, run.steps saying how far it goes."""
-        ckpt.atomic_write_text(self.run_dir / "config.yaml", to_yaml(self.cfg))
+        ckpt.atomic_write_text(self.run_dir / "config.yaml", to_yaml(self.saved_config()))
+
+    def saved_config(self) -> Config:
+        """`cfg` as config.yaml and checkpoints keep it: the settings that the device chose
+        null again."""
+        if not self._left_to_device:
+            return self.cfg
+        train = dataclasses.replace(self.cfg.train, **dict.fromkeys(self._left_to_device))
+        return dataclasses.replace(self.cfg, train=train)
 
     def resume_hint(self) -> str:
         return resume_hint(self.cfg.env.id, self.run_dir)

@@ -10,7 +10,7 @@ truncation sets `is_last` without `is_terminal`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -97,6 +97,22 @@ class Episode:
     info: dict = field(default_factory=dict)  # the env's info of its last step
 
 
+class Collection(Protocol):
+    """What the training loop collects with: the local vector env (`Collector`) or Ray's
+    env runners (`ray_runners.RayCollector`)."""
+    n: int  # envs stepped at once
+    restarts: int  # env restarts so far
+
+    def collect(self, agent, replay) -> tuple[int, list[Episode]]:
+        """New steps into `replay` (`agent=None`: random actions, for the prefill). Returns
+        the env steps added and the episodes that finished."""
+
+    def metrics(self) -> dict:
+        """The collection's own metrics since the last call, for the metric rows."""
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class Collector:
     env_fns: list[Callable[[], gym.Env]]
@@ -168,6 +184,15 @@ class Collector:
         self.ep_length += ~self.is_first
         return record, finished
 
+    def collect(self, agent, replay) -> tuple[int, list[Episode]]:
+        """One vector step into `replay` (`Collection`)."""
+        record, finished = self.step(agent)
+        replay.add(record)
+        return self.n, finished
+
+    def metrics(self) -> dict:
+        return {}  # restarts are counted by the loop (`restarts`)
+
     def _named(self, exc: Exception) -> Exception:
         """The vector env failed to batch the observations (a wrong shape, dtype or key, in
         numpy's words): the same mistake named by the observation key, from each env's last
@@ -186,27 +211,55 @@ class Collector:
         self.envs.close()
 
 
-def evaluate(agent, env_fn: Callable[[], gym.Env], obs_spec: ObsSpec, act_spec: ActionSpec,
-             episodes: int, explore: bool = False, seed: int = EVAL_OFFSET) -> list[Episode]:
-    """Run `episodes` full episodes with the agent's greedy (or sampled) policy. An env whose
-    episodes do not end within EVAL_MAX_STEPS steps each is stopped with a warning (it has
-    no time limit): the episodes finished by then are returned, then the running ones with
-    their returns so far."""
-    col = Collector([env_fn], obs_spec, act_spec, seed=seed)  # one env: no bias to short ones
+def run_episodes(agent, env_fn: Callable[[], gym.Env], obs_spec: ObsSpec, act_spec: ActionSpec,
+                 episodes: int, explore: bool = False, seed: int = EVAL_OFFSET,
+                 max_steps: int = EVAL_MAX_STEPS, after_cut: str = "stop",
+                 watch: Callable[[int, "Collector"], None] | None = None) -> list[Episode]:
+    """The one episode loop (evaluation, videos, the API): `episodes` full episodes of one
+    env (one: no bias to short episodes) with the agent's greedy (or sampled) policy, the env
+    seeded `seed` once and reset by the vector env between episodes. `watch(i, collector)`
+    sees episode i's first observation and each step after it (videos take frames there).
+
+    An episode still running after `max_steps` steps is cut (its return is partial): with
+    `after_cut="stop"` the loop ends there with a warning (an env with no time limit), with
+    "fresh" the next episode starts in a new env seeded `seed + i`."""
+    if after_cut not in ("stop", "fresh"):
+        raise ValueError(f"after_cut is 'stop' or 'fresh', got {after_cut!r}")
+    col = Collector([env_fn], obs_spec, act_spec, seed=seed)
     done: list[Episode] = []
-    steps = 0
     try:
-        while len(done) < episodes:
-            _, finished = col.step(agent, explore=explore)
-            done += finished
-            steps += 1
-            if steps > EVAL_MAX_STEPS * episodes:
-                warn(f"evaluation stopped after {steps:,} steps with {len(done)} of "
-                     f"{episodes} episodes finished: this env's episodes do not end; the rest "
-                     f"are cut (their returns are partial); give it a time limit "
+        for i in range(episodes):
+            if i and col.is_last[0]:  # act on the last observation; the env resets
+                col.step(agent, explore=explore)
+            elif i:  # the last episode was cut: a fresh env
+                close_env(col)
+                col = Collector([env_fn], obs_spec, act_spec, seed=seed + i)
+            if watch is not None:
+                watch(i, col)
+            length = 0
+            while not col.is_last[0] and length < max_steps:
+                col.step(agent, explore=explore)
+                length += 1
+                if watch is not None:
+                    watch(i, col)
+            ended = bool(col.is_last[0])
+            done.append(Episode(float(col.ep_return[0]), length,
+                                env_info(col.info, 0) if ended else {}))
+            if not ended and after_cut == "stop":
+                warn(f"evaluation stopped after {length:,} steps of episode {i + 1} of "
+                     f"{episodes}: this env's episodes do not end; the rest are cut (the "
+                     f"last return is partial); give it a time limit "
                      f"(env.max_episode_steps=N)")
-                done += [Episode(float(r), int(n)) for r, n in zip(col.ep_return, col.ep_length)]
                 break
     finally:
         close_env(col)
-    return done[:episodes]
+    return done
+
+
+def evaluate(agent, env_fn: Callable[[], gym.Env], obs_spec: ObsSpec, act_spec: ActionSpec,
+             episodes: int, explore: bool = False, seed: int = EVAL_OFFSET) -> list[Episode]:
+    """`episodes` full episodes with the agent's greedy (or sampled) policy (`run_episodes`);
+    an env whose episode does not end within EVAL_MAX_STEPS steps stops the evaluation with
+    a warning: the episodes finished by then are returned, then the cut one."""
+    return run_episodes(agent, env_fn, obs_spec, act_spec, episodes, explore, seed,
+                        max_steps=EVAL_MAX_STEPS)

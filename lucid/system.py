@@ -2,13 +2,12 @@
 
 glibc's malloc hands every block above a moving threshold (128 KB at start, 32 MB at most)
 to `mmap` and gives it back with `munmap` when it is freed. An update allocates and frees
-hundreds of such blocks (activations of 4,096 imagined states, 255-bin logits, 134 MB
-feature maps of 1,024 images at S), so every update pays the kernel for fresh zeroed pages on
-first touch: about 15% of a `mini` update and 20-25% of an XS or S image update on this CPU
-(~800,000 minor page faults per S image update; docs/performance.md). `tune_malloc` turns
-`mmap` off for malloc, so every block lives in malloc's own heap where freed memory is reused,
-and returns free memory at the top of the heap to the OS only above 1 GB. The cost: the
-process keeps the memory of its largest update (+10-20% peak RSS at XS and S image).
+hundreds of such blocks (activations of 4,096 imagined states, 255-bin logits, the feature
+maps of 1,024 images), so every update pays the kernel for fresh zeroed pages on first touch,
+a share of the update that grows with the model (docs/performance.md has the measured share).
+`tune_malloc` turns `mmap` off for malloc, so every block lives in malloc's own heap where
+freed memory is reused, and returns free memory at the top of the heap to the OS only above
+1 GB. The cost: the process keeps the memory of its largest update (a higher peak RSS).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from .learning import LearningRun
 from .logger import Logger
 from .replay import Prefetcher
 from .rows import MetricRows
-from .runner import Collector, EnvError
+from .runner import EnvError
 from .schedule import Every
 from .seeds import eval_seed
 from .stops import DiskFullError, NonFiniteError, SignalStop, disk_full_error, early_stop
@@ -58,6 +58,7 @@ class _Session:
     evals: Every  # evaluations and videos, every run.eval_every / run.video_every steps
     videos: Every
     endless_noted: bool  # said (or no need to say) that no episode has ended
+    first_ckpt: bool  # a run without updates yet checkpoints after its first ones
     bad_in_row: int = 0  # updates in a row with non-finite losses or gradients
 
 
@@ -115,7 +116,7 @@ class Trainer(LearningRun):
     def _notes(self) -> None:
         """What the user should know before a run starts (rank 0 says it)."""
         if self.ranks.is_main:
-            notes.before_run(self.cfg, self.agent.config, self.counters, self.act_spec,
+            notes.before_run(self.cfg, self.counters, self.act_spec,
                              self.device, self.ratio, self.ranks.world)
 
     def _open_session(self) -> _Session:
@@ -134,13 +135,13 @@ class Trainer(LearningRun):
         self._purge_logs_after = None
         # Batches for the updates: sampled on a background thread where the device chose it.
         self._batches = Prefetcher(self.replay, cfg.train.batch_size, cfg.train.batch_length,
-                                   self.device, background=self.agent.config.train.prefetch)
+                                   self.device, background=self.cfg.train.prefetch)
         now = self._session_start = time.time()  # run.time_limit counts from here
         return _Session(logger=logger, start=now - c["wall_time"],
                         rows=MetricRows(c, now), last_ckpt=now, last_ckpt_steps=c["env_steps"],
                         evals=Every(cfg.run.eval_every, c["env_steps"]),
                         videos=Every(cfg.run.video_every, c["env_steps"]),
-                        endless_noted=c["episodes"] > 0)
+                        endless_noted=c["episodes"] > 0, first_ckpt=c["updates"] == 0)
 
     def _collect_once(self) -> list:
         """One collection step (random actions during prefill); a bad env step stops the run
@@ -162,12 +163,7 @@ class Trainer(LearningRun):
         """New experience into the replay: local vector-env step or the next Ray runner
         chunk. Returns the env steps added (summed over data-parallel ranks: every rank
         counts the same steps, so makes the same updates) and this process's episodes."""
-        if isinstance(self.collector, Collector):
-            record, finished = self.collector.step(policy)
-            self.replay.add(record)
-            n = self.collector.n
-        else:
-            n, finished = self.collector.collect(policy, self.replay)
+        n, finished = self.collector.collect(policy, self.replay)
         return int(self.ranks.sum(n)), finished
 
     def _episodes_ended(self, s: _Session, finished: list, callback) -> None:
@@ -241,10 +237,13 @@ class Trainer(LearningRun):
         if main and s.videos(c["env_steps"]):
             self._videos(s.logger)
         every = cfg.run.checkpoint_every
-        if (now - s.last_ckpt >= cfg.run.checkpoint_minutes * 60
+        # The first checkpoint comes with the first updates, not after checkpoint_minutes:
+        # a run killed early (SIGKILL, out of memory) can then be resumed.
+        first = s.first_ckpt and c["updates"] > 0
+        if (first or now - s.last_ckpt >= cfg.run.checkpoint_minutes * 60
                 or (every and c["env_steps"] - s.last_ckpt_steps >= every)):
             self.save()
-            s.last_ckpt, s.last_ckpt_steps = now, c["env_steps"]
+            s.last_ckpt, s.last_ckpt_steps, s.first_ckpt = now, c["env_steps"], False
 
     def _log_row(self, s: _Session, now: float) -> None:
         c = self.counters
@@ -253,8 +252,7 @@ class Trainer(LearningRun):
         wait = self._batches.wait_ms()
         if wait is not None:  # mean time an update waited for its batch (sampling included
             run["perf/batch_wait_ms"] = wait  # without train.prefetch)
-        if hasattr(self.collector, "metrics"):  # Ray runners: policy lag, restarts
-            run.update(self.collector.metrics())
+        run.update(self.collector.metrics())  # Ray runners: policy lag, restarts
         run.update(self.ranks.metrics())  # data-parallel learners
         tail = self.achievements.metrics()
         if self.recent:

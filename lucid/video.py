@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from .plot import pyplot, save_figure
+from .seeds import video_seed
 from .warn import warn
 
 CONTEXT_COLOUR = (40, 170, 60)  # bar under a row while the model still sees observations
@@ -163,8 +164,10 @@ def log_video(writer, tag: str, frames, step: int, fps: float = 15.0,
 
     - "video": `writer.add_video` (needs the moviepy package);
     - "gif": without moviepy, the same kind of record `add_video` writes (an animated GIF in an
-      image summary, shown animated in TensorBoard's Images tab), encoded here with Pillow;
-    - "grid": if that fails, up to 16 evenly spaced frames tiled into one still image.
+      image summary, shown animated in TensorBoard's Images tab), encoded here with Pillow and
+      written by torch's public `FileWriter` into `<logdir>/videos`: TensorBoard lists that
+      as a run of its own. (A second event file in the writer's own directory would make
+      TensorBoard stop reading the scalars' file.)
 
     A video longer than `max_frames` keeps that many frames evenly spaced over all of it,
     and frames larger than `max_side` pixels are subsampled (every k-th pixel), to keep
@@ -178,18 +181,17 @@ def log_video(writer, tag: str, frames, step: int, fps: float = 15.0,
         video = torch.from_numpy(arr).permute(0, 3, 1, 2)[None]  # (1, T, C, H, W)
         writer.add_video(tag, video, step, fps=int(round(fps)))
         return "video"
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from torch.utils.tensorboard.writer import FileWriter
+    _, h, w, c = arr.shape
+    image = Summary.Image(height=h, width=w, colorspace=c,
+                          encoded_image_string=_gif_bytes(arr, fps))
+    media = FileWriter(str(Path(writer.get_logdir()) / "videos"))
     try:
-        from tensorboard.compat.proto.summary_pb2 import Summary
-        _, h, w, c = arr.shape
-        image = Summary.Image(height=h, width=w, colorspace=c,
-                              encoded_image_string=_gif_bytes(arr, fps))
-        writer._get_file_writer().add_summary(
-            Summary(value=[Summary.Value(tag=tag, image=image)]), step)
-        return "gif"
-    except Exception:  # a SummaryWriter without the internals used above
-        idx = np.linspace(0, len(arr) - 1, min(16, len(arr))).round().astype(int)
-        writer.add_image(tag + "/frames", tile(arr[idx]), step, dataformats="HWC")
-        return "grid"
+        media.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+    finally:
+        media.close()
+    return "gif"
 
 
 # --------------------------------------------------------------------------- rendering states
@@ -269,13 +271,13 @@ def record_episodes(agent, env_id: str, episodes: int = 1, max_episode_steps: in
     themselves otherwise. `max_steps` caps an episode (its return is then partial; the next
     episode starts from a fresh env seeded `seed + i`).
 
-    The episodes are stepped as `runner.evaluate` steps them (one `Collector` env, seeded
-    once, reset by the vector env), so the same seeds and torch seed give the same episodes
-    with and without video. With `paths` (one video file per episode) the frames are
-    streamed to those files instead of being kept in memory (`Recording.frames` is then
-    None). `downsample` keeps every k-th pixel of rendered frames."""
+    The episodes are `runner.run_episodes`' (the loop evaluation uses), so the same seeds
+    and torch seed give the same episodes with and without video. With `paths` (one video
+    file per episode) the frames are streamed to those files instead of being kept in memory
+    (`Recording.frames` is then None). `downsample` keeps every k-th pixel of rendered
+    frames."""
     from .envs import env_fn
-    from .runner import Collector
+    from .runner import run_episodes
     if paths is not None and len(paths) != episodes:
         raise ValueError(f"{episodes} episodes need {episodes} paths, got {len(paths)}")
     spec = agent.obs_spec
@@ -284,10 +286,7 @@ def record_episodes(agent, env_id: str, episodes: int = 1, max_episode_steps: in
     make = env_fn(env_id, max_episode_steps, render_mode=None if use_images else "rgb_array",
                   **(env_kwargs or {}))
 
-    def collector(s: int) -> Collector:
-        return Collector([make], spec, agent.act_spec, seed=s)
-
-    def frame() -> np.ndarray:
+    def frame(col) -> np.ndarray:
         if use_images:
             return _obs_frame(col.obs, spec)
         drawn = col.envs.envs[0].render()
@@ -296,33 +295,28 @@ def record_episodes(agent, env_id: str, episodes: int = 1, max_episode_steps: in
                             f"not an H x W (x C) frame")
         return to_rgb(drawn[::k, ::k])
 
-    out, col = [], collector(seed)
+    frames: list[list[np.ndarray]] = [[] for _ in range(episodes)]
+    writers: list[VideoWriter] = []
+
+    def watch(i: int, col) -> None:
+        if paths is None:
+            frames[i].append(frame(col))
+            return
+        if len(writers) == i:  # episode i begins: the last one's file is complete
+            if writers:
+                writers[-1].close()
+            writers.append(VideoWriter(paths[i], fps))
+        writers[i].append(frame(col))
+
     try:
-        for i in range(episodes):
-            writer = VideoWriter(paths[i], fps) if paths is not None else None
-            frames: list[np.ndarray] = []
-            keep = writer.append if writer is not None else frames.append
-            try:
-                if i and not col.is_last[0]:  # the last episode was cut: a fresh env
-                    col.close()
-                    col = collector(seed + i)
-                elif i:  # act on the last observation (as evaluate does); the env resets
-                    col.step(agent, explore=explore)
-                keep(frame())
-                length = 0
-                while not col.is_last[0] and length < max_steps:
-                    col.step(agent, explore=explore)
-                    length += 1
-                    keep(frame())
-            finally:  # an error still leaves the frames written so far playable
-                if writer is not None and writer.count:
-                    writer.close()
-            out.append(Recording(np.stack(frames) if writer is None else None,
-                                 float(col.ep_return[0]), length,
-                                 Path(paths[i]) if paths is not None else None))
-    finally:
-        col.close()
-    return out
+        eps = run_episodes(agent, make, spec, agent.act_spec, episodes, explore, seed,
+                           max_steps=max_steps, after_cut="fresh", watch=watch)
+    finally:  # an error still leaves the frames written so far playable
+        if writers and writers[-1].count:
+            writers[-1].close()
+    return [Recording(np.stack(frames[i]) if paths is None else None, ep.ret, ep.length,
+                      Path(paths[i]) if paths is not None else None)
+            for i, ep in enumerate(eps)]
 
 
 # --------------------------------------------------------------------------- open loop
@@ -521,7 +515,7 @@ def _log_videos(trainer, writer, step, horizon, context, fps, rows) -> dict[str,
     paths: dict[str, Path] = {}
     try:
         rec = record_episodes(trainer.agent, cfg.env.id, 1, cfg.env.max_episode_steps,
-                              env_kwargs=dict(cfg.env.kwargs), seed=cfg.run.seed + 20_000 + step,
+                              env_kwargs=dict(cfg.env.kwargs), seed=video_seed(cfg.run.seed, step),
                               max_steps=1000, downsample=2)[0]
     except Exception as exc:  # noqa: BLE001 - e.g. an env that draws nothing: the dream comes
         warn(f"no evaluation video at {step} env steps ({type(exc).__name__}: {exc}); "

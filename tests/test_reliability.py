@@ -765,7 +765,7 @@ def test_eval_and_callback_failures_keep_the_run(tmp_path, monkeypatch):
     tr.cfg.env.max_episode_steps = None  # evaluation envs without a time limit
     with pytest.warns(UserWarning, match="episodes do not end; the rest are cut .*time limit"):
         cut = tr.evaluate(2)  # the running episode, with its return so far (reward = step)
-    assert [(e.ret, e.length) for e in cut] == [(sum(range(1, 102)), 101)]
+    assert [(e.ret, e.length) for e in cut] == [(sum(range(1, 51)), 50)]  # EVAL_MAX_STEPS
     tr.cfg.env.id = "no_such_module:Env"  # evaluation fails; training goes on
     tr.cfg.run.eval_every = 25
     with pytest.warns(UserWarning, match="evaluation at .* env steps failed"):
@@ -1235,6 +1235,27 @@ def test_sigkill_at_random_moments_then_resume(tmp_path, started):
     s = rep._ordered(0, rep.count)
     assert np.isfinite(s["obs/vector"]).all()
     assert s["is_first"][0, 0] and s["is_first"][0].sum() >= 7  # each resume starts an episode
+
+
+def test_a_run_killed_in_its_first_minutes_can_be_resumed(tmp_path, started):
+    """With the default checkpoint schedule (every run.checkpoint_minutes=10), the first
+    checkpoint comes with the first updates: a SIGKILL soon after the start leaves a run
+    that resumes, where before it left only replay files."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [a for a in _train_cmd(run_dir, 100_000) if a != "run.checkpoint_every=60"]
+    with open(tmp_path / "log0", "w") as out:
+        started.append(popen_grouped(cmd, cwd=ROOT, env=env, stdout=out,
+                                     stderr=subprocess.STDOUT))
+    t0 = time.time()
+    _wait_for_checkpoint(run_dir, started[-1])
+    assert time.time() - t0 < 60  # not checkpoint_minutes
+    started[-1].kill()
+    started[-1].wait(30)
+    payload, _ = load_latest(run_dir)
+    assert payload["counters"]["updates"] >= 1
+    proc = _start(started, run_dir, tmp_path / "log1", env)
+    _wait_for_line(tmp_path / "log1", "resumed from", proc)
 
 
 def test_training_with_a_memory_mapped_replay_runs_and_resumes(tmp_path):

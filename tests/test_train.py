@@ -12,6 +12,7 @@ import torch
 from lucid.config import ConfigError, for_device, make_config
 from lucid.acting import ActingRun, load_to_act
 from lucid.device import gpu_speed_note
+from lucid.checkpoint import load_latest
 from lucid.train import Trainer
 
 
@@ -297,15 +298,16 @@ def test_a_gpu_run_is_told_the_fastest_gpu_settings_it_was_set_away_from(tmp_pat
     assert gpu_speed_note(off, cuda, data_parallel=True) is None
     assert gpu_speed_note(for_device(make_config("default"), "cpu"), torch.device("cpu")) \
         is None
-    with Trainer(_cfg(tmp_path / "a", run={"steps": 20})) as tr:
+    given = _cfg(tmp_path / "a", run={"steps": 20})
+    with Trainer(given) as tr:
         tr._notes()
         out = said()
         assert "on this GPU" not in out and "train.compile=true" not in out
         tr.device = cuda  # what the notes before a run read of a GPU learner
-        tr.agent.config = off
+        tr.cfg = dataclasses.replace(off, run=tr.cfg.run)
         tr._notes()
         assert f"note: {note}" in said()
-        tr.agent.config = for_device(tr.cfg, "cuda")  # CUDA's defaults: compiled
+        tr.cfg = for_device(given, "cuda")  # CUDA's defaults: compiled
         tr._notes()
         out = said()
         assert "on this GPU" not in out
@@ -320,8 +322,9 @@ def test_settings_left_to_the_device_are_chosen_for_the_learners_device(tmp_path
     train.prefetch default to null. On CUDA (one process): the graph over dense one-hots,
     compiled where triton is, in bf16 where the GPU has it and the update is compiled; each
     follows from the one before. Data-parallel CUDA learners and CPUs: eager fp32 without a
-    graph; a CPU gathers. CUDA prefetches batches, a CPU does not. Set values are kept. The agent gets the choice; the trainer's config (config.yaml) keeps the
-    nulls for the next device."""
+    graph; a CPU gathers. CUDA prefetches batches, a CPU does not. Set values are kept. The run has one config, the
+    device's choice, which is its agent's; config.yaml and checkpoints keep the nulls for the
+    next device."""
     _gpu(monkeypatch)
     keys = ("cuda_graph", "onehot_gather", "compile", "precision", "prefetch")
     choice = lambda c: tuple(getattr(c.train, k) for k in keys)  # noqa: E731
@@ -348,8 +351,10 @@ def test_settings_left_to_the_device_are_chosen_for_the_learners_device(tmp_path
     assert for_device(set_, "cuda") is set_  # nothing left to choose
     with Trainer(_cfg(tmp_path / "a", run={"steps": 20})) as tr:
         assert choice(tr.agent.config) == (False, True, False, "fp32", False)
-        assert tr.cfg.train.onehot_gather is None and tr.cfg.train.precision is None
+        assert tr.cfg is tr.agent.config
+        assert choice(tr.saved_config()) == (None,) * 5
         tr.run()  # a checkpoint to load below
+        assert "onehot_gather: null" in load_latest(tmp_path / "a")[0]["config"]
         assert not tr._batches.background  # sampled as the agent's config chose
     saved = (tmp_path / "a" / "config.yaml").read_text()
     for k in keys:
@@ -374,7 +379,8 @@ def test_settings_left_to_the_device_are_chosen_for_the_learners_device(tmp_path
         c, train=dataclasses.replace(for_device(c, *a, **k).train, prefetch=True)))
     with Trainer(_cfg(tmp_path / "c", run={"steps": 20})) as tr:
         tr.run()
-        assert tr._batches.background and tr.cfg.train.prefetch is None
+        assert tr._batches.background and tr.cfg.train.prefetch
+        assert tr.saved_config().train.prefetch is None
 
 
 def test_an_agent_made_to_act_is_compiled_when_it_learns_where_the_device_compiles(
@@ -399,7 +405,7 @@ def test_an_agent_made_to_act_is_compiled_when_it_learns_where_the_device_compil
         with ActingRun(cfg) as acting:
             agent = acting.agent
         assert not agent.config.train.compile and agent.config.train.precision == "fp32"
-        assert agent.wm.chunk != COMPILE_CHUNK  # (what Agent._compile sets)
+        assert agent.wm.chunk != COMPILE_CHUNK  # (what Agent.compile sets)
         with Trainer(cfg, agent=agent) as tr:
             assert tr.agent is agent
             assert agent.config.train.compile is learns_compiled

@@ -126,6 +126,12 @@ def test_video_files_round_trip(tmp_path):
         video.write_video(tmp_path / "a.avi", frames)
 
 
+def _media(logdir: Path) -> Path:
+    """Where TensorBoard videos are: add_video's own file, or without moviepy the GIF
+    records' run `videos` beside it."""
+    return logdir if video.has_moviepy() else logdir / "videos"
+
+
 def test_tensorboard_video_is_readable(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
@@ -133,7 +139,7 @@ def test_tensorboard_video_is_readable(tmp_path):
     writer = SummaryWriter(str(tmp_path))
     how = video.log_video(writer, "dream/open_loop", frames, step=7)
     writer.close()
-    acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    acc = EventAccumulator(str(_media(tmp_path)), size_guidance={"images": 0})
     acc.Reload()
     (event,) = acc.Images("dream/open_loop")
     assert event.step == 7 and (event.width, event.height) == (24, 16)
@@ -149,7 +155,7 @@ def test_tensorboard_video_is_readable(tmp_path):
     how = video.log_video(writer, "eval/video", long, step=1, max_frames=6)
     writer.close()
     if how == "gif":
-        acc = EventAccumulator(str(tmp_path / "long"), size_guidance={"images": 0})
+        acc = EventAccumulator(str(_media(tmp_path / "long")), size_guidance={"images": 0})
         acc.Reload()
         (event,) = acc.Images("eval/video")
         reds = [int(f[0, 0, 0]) for f in iio.mimread(event.encoded_image_string, format="GIF")]
@@ -178,7 +184,7 @@ def test_video_frame_rates_are_kept_and_large_tensorboard_frames_are_subsampled(
                            (3, 6, 600, 3))  # three different frames
     how = video.log_video(writer, "v", wide, 1, fps=5, max_side=480)
     writer.close()
-    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0})
+    acc = EventAccumulator(str(_media(tmp_path / "tb")), size_guidance={"images": 0})
     acc.Reload()
     (event,) = acc.Images("v")
     assert (event.width, event.height) == (300, 3)  # every 2nd pixel of 600 x 6
@@ -990,7 +996,7 @@ def test_finish_run_writes_curve_videos_and_report(trainer, tmp_path):
         trainer.run_dir = old
     assert set(out) == {"curves", "eval", "dream", "report"}
     assert len(video.read_video(out["dream"])) == 5 + 10  # context + horizon
-    acc = EventAccumulator(str(run / "tb"), size_guidance={"images": 0})
+    acc = EventAccumulator(str(_media(run / "tb")), size_guidance={"images": 0})
     acc.Reload()
     assert {"eval/video", "world_model/open_loop"} <= set(acc.Tags()["images"])
     assert all(p.exists() for p in out.values())
@@ -1064,7 +1070,7 @@ def test_periodic_videos_fall_every_video_every_steps_and_the_end_does_not_repea
     assert "end-of-run videos" not in capsys.readouterr().out
 
     def video_steps():
-        acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0})
+        acc = EventAccumulator(str(_media(run_dir / "tb")), size_guidance={"images": 0})
         acc.Reload()
         return [e.step for e in acc.Images("eval/video")]
 
