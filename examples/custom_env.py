@@ -8,7 +8,10 @@ actions, trainable as it is.
 module is not installed). From Python:
 
     from lucid import Dreamer
-    agent = Dreamer("examples.custom_env:MyEnv", preset="cpu-control")
+    agent = Dreamer("examples.custom_env:MyEnv")  # on a CPU: preset cpu-pixels (images)
+
+With no preset, lucid picks one for the machine: on a CPU `cpu-pixels`, its recipe for image
+observations (this env has one), on a CUDA GPU the paper's settings (`default`).
 
 The task: an agent and a goal sit on a size x size grid. The agent moves by (dx, dy), each in
 {-1, 0, +1}, chosen as a MultiDiscrete([3, 3]) action. Reaching the goal gives +1 and ends the

@@ -21,10 +21,10 @@ import torch
 
 from .checkpoint import atomic_torch_save, load_checkpoint, load_latest, FORMAT_VERSION
 from .config import ConfigError, as_dict, flatten, from_yaml, make_config, to_yaml
-from .envs import default_preset, env_label, instances
+from .envs import env_label, instances
 from .acting import ActingRun
-from .device import load_here
-from .notes import slow_preset_note
+from .device import load_here, preset_for
+from .notes import preset_note
 from .train import Trainer
 from .world_model import State
 from .warn import warn
@@ -81,7 +81,6 @@ class Dreamer:
         elif not isinstance(env, str):
             raise TypeError(f"env must be a gymnasium.Env or an env name, got "
                             f"{type(env).__name__}")
-        preset_given, preset = preset is not None, preset or default_preset(env)
         sections: dict = _sections(overrides, "Dreamer")
         sections.setdefault("env", {})["id"] = env
         if instance:  # one copy of it unless env__num_envs=N asks for more
@@ -89,13 +88,15 @@ class Dreamer:
         if size:
             sections.setdefault("model", {})["size"] = size
         sections.setdefault("run", {}).setdefault("progress", False)
+        preset_given = preset is not None
+        preset = preset or preset_for(make_config("default", **sections))
         self.cfg, self._run_dir = make_config(preset, **sections), run_dir
         # An agent to act with until the first learn(), which claims the run directory:
         # constructing one to predict, evaluate or save writes no files.
         self.trainer = ActingRun(self.cfg)
         self.agent = self.trainer.agent
-        note = None if preset_given else slow_preset_note(self.trainer.cfg, self.trainer.device,
-                                                             "preset='{}'")
+        note = None if preset_given else preset_note(self.trainer.cfg, self.trainer.device,
+                                                        "preset='{}'")
         if note:
             warn(note)
 

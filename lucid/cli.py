@@ -14,7 +14,6 @@ import typer
 
 from .config import (PRESETS, RESUME_SETTABLE, SECTIONS, SIZES, ConfigError,
                      _suggest, make_config, to_yaml)
-from .envs import default_preset
 from .seeds import eval_seed
 from .warn import raised_at
 
@@ -59,7 +58,6 @@ def _fail(message) -> NoReturn:
 def _build(env: str, preset: Optional[str], size: Optional[str], steps: Optional[int],
            seed: Optional[int], run_dir: Optional[str], device: Optional[str],
            overrides: List[str]):
-    preset = preset or default_preset(env)  # the paper's domain preset, cpu-control for CartPole
     sections: dict = {"env": {"id": env}, "run": {}, "model": {}}
     if size:
         if size not in SIZES:
@@ -69,6 +67,9 @@ def _build(env: str, preset: Optional[str], size: Optional[str], steps: Optional
     for key, val in (("steps", steps), ("seed", seed), ("run_dir", run_dir), ("device", device)):
         if val is not None:
             sections["run"][key] = val
+    if not preset:  # the env's domain, or where that is no paper suite, the machine's
+        from .device import preset_for  # (torch: not for `lucid --version`)
+        preset = preset_for(make_config("default", overrides, **sections))
     return make_config(preset, overrides, **sections)
 
 
@@ -110,7 +111,7 @@ def train(
     """Train an agent. Extra arguments are config overrides: section.key=value.
 
     Data-parallel learners: `torchrun --nproc-per-node G -m lucid train ...`."""
-    from .notes import slow_preset_note
+    from .notes import preset_note
     from .runner import EnvError
     from .stops import DiskFullError, NonFiniteError
     from .train import Trainer
@@ -146,17 +147,9 @@ def train(
         _fail(exc)
     typer.echo(f"run directory: {trainer.run_dir}  (preset {trainer.cfg.preset}, "
                f"size {trainer.cfg.model.size}, {trainer.cfg.run.steps} env steps)")
-    note = None if resume or preset else \
-        slow_preset_note(trainer.cfg, trainer.device, "--preset {}")
+    note = None if resume or preset else preset_note(trainer.cfg, trainer.device, "--preset {}")
     if note:
         typer.echo(f"note: {note}")
-    elif not resume and not preset and trainer.cfg.preset.startswith("cpu-"):
-        t = trainer.cfg.train
-        typer.echo(f"note: preset {trainer.cfg.preset} is lucid's recipe for a CPU: the "
-                   f"paper's algorithm with a {trainer.cfg.model.size} model, train ratio "
-                   f"{t.train_ratio:g}, learning rates {t.model_lr:g}/{t.actor_lr:g}/"
-                   f"{t.critic_lr:g} and the 2025 replay value loss (docs/presets.md); "
-                   f"--preset default runs the 2023 paper's settings")
     dims = trainer.cfg.model.dims()
     if not resume and trainer.obs_spec.vectors and \
             (dims["vector_layers"], dims["vector_units"]) != (dims["dense_layers"],
@@ -266,8 +259,14 @@ def config_cmd(args: List[str] = typer.Argument(None, help="[ENV] section.key=va
     env = args.pop(0) if args and "=" not in args[0] else DEFAULT_ENV
     _refuse_key_without_value(env)  # else printed as the config of an env of that name
     try:
-        typer.echo(to_yaml(_build(env, preset, size, None, None, None, None, args)))
-    except ConfigError as exc:
+        cfg = _build(env, preset, size, None, None, None, None, args)
+        if not preset:  # why this preset, as a YAML comment (the output stays a config.yaml)
+            from .device import resolve_device
+            from .notes import preset_note
+            if note := preset_note(cfg, resolve_device(cfg.run.device), "--preset {}"):
+                typer.echo(f"# note: {note}")
+        typer.echo(to_yaml(cfg))
+    except (ConfigError, ValueError, TypeError, ImportError) as exc:
         _fail(exc)
 
 

@@ -268,10 +268,11 @@ def render() -> str:
         "## Presets\n",
         "`--preset NAME` (Python: `preset=`) applies these overrides on top of the defaults "
         "(docs/presets.md explains them). Without `--preset`, `lucid train` and "
-        "`Dreamer(env)` pick the environment's domain preset (`cpu-control` for CartPole-v1, "
-        "`default` for an env of no known suite); when that is one of the paper's settings "
-        "and the run is on a CPU, they say so (a note; a `LucidWarning` in Python) and name "
-        "`cpu-control` and `cpu-pixels`.\n",
+        "`Dreamer(env)` pick the preset of the paper's suite the env is in (`atari`, "
+        "`dmc-proprio`, ...; on a CPU with a note that it is slow, naming `cpu-control` and "
+        "`cpu-pixels`); any other env gets `default` (the paper's settings) on a CUDA device "
+        "and, without one, `cpu-pixels` for image observations or `cpu-control`, with a note "
+        "(a `LucidWarning` in Python). `lucid config ENV` shows the choice.\n",
         presets_markdown(),
     ]
     return "\n".join(p.rstrip("\n") + "\n" for p in parts)

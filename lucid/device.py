@@ -5,10 +5,11 @@ that a run on a device gets (the numbers behind them: docs/performance.md)."""
 from __future__ import annotations
 
 import dataclasses
-
 import torch
 
 from .config import Config, for_device
+from .envs import default_preset, observation_space
+from .specs import ObsSpec
 from .warn import note
 
 
@@ -45,6 +46,19 @@ def resumed_device(saved: str, given: str) -> str:
         note(f"the run was trained with run.device={saved}, which this machine lacks; "
              f"continuing on {resolve_device('auto')} (run.device=auto)")
         return "auto"
+
+
+def preset_for(cfg: Config) -> str:
+    """The preset of a run given none; `cfg` is its config under the `default` preset. The
+    paper's suites keep their domain's preset everywhere. Any other env gets the paper's
+    settings (`default`) on a CUDA device and, without one, lucid's CPU recipe: `cpu-pixels`
+    when the env's observations hold images, else `cpu-control` (`notes.preset_note` says
+    which and why)."""
+    domain = default_preset(cfg.env.id)
+    if domain != "default" or resolve_device(cfg.run.device).type == "cuda":
+        return domain
+    space = observation_space(cfg.env.id, cfg.env.max_episode_steps, **cfg.env.kwargs)
+    return "cpu-pixels" if ObsSpec.from_space(space).images else "cpu-control"
 
 
 def load_here(cfg: Config, device: str) -> None:

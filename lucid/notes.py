@@ -36,17 +36,17 @@ def _no_update(cfg: Config, counters: dict, envs: int, ratio, local: bool) -> st
     return None
 
 
-def before_run(cfg: Config, agent_cfg: Config, counters: dict, act_spec, device: torch.device,
-               ratio, world: int = 1) -> None:
-    """The notes before a run: `cfg` as config.yaml has it, `agent_cfg` as the device chose
-    its null settings, `world` data-parallel learners."""
+def before_run(cfg: Config, counters: dict, act_spec, device: torch.device, ratio,
+               world: int = 1) -> None:
+    """The notes before a run: `cfg` as the device chose its null settings, `world`
+    data-parallel learners."""
     new, going = counters["env_steps"] == 0, counters["env_steps"] < cfg.run.steps
     envs = cfg.env.num_envs * world
     if why := _no_update(cfg, counters, envs, ratio, cfg.run.runners == "local"):
         note(why)
-    if new and (gpu := gpu_speed_note(agent_cfg, device, data_parallel=world > 1)):
+    if new and (gpu := gpu_speed_note(cfg, device, data_parallel=world > 1)):
         note(gpu)
-    if going and (slow := compile_note(agent_cfg)):
+    if going and (slow := compile_note(cfg)):
         note(slow)
     if (new and not act_spec.is_discrete and not act_spec.is_continuous
             and cfg.train.continuous_grad == "dynamics"):
@@ -68,14 +68,23 @@ def schedule_changed(was: dict, now: dict, updates: int) -> None:
          f"updates go on at the new ratio from {updates:,}")
 
 
-def slow_preset_note(cfg: Config, device: torch.device, spell: str) -> str | None:
-    """For a preset picked by the env's domain, not by the user: a note when it is one of the
-    paper's settings and the run is on a CPU, naming the CPU presets as `spell` writes a preset
-    name (`--preset {}` for the CLI, `preset='{}'` for Python)."""
-    if device.type != "cpu" or cfg.preset.startswith("cpu-") \
-            or cfg.train.train_ratio != make_config(cfg.preset).train.train_ratio:
+def preset_note(cfg: Config, device: torch.device, spell: str) -> str | None:
+    """For a preset the machine and the env picked (`device.preset_for`), not the user: what
+    a CPU recipe changes, or that one of the paper's settings is slow on a CPU. `spell` writes
+    a preset name as the user gives one (`--preset {}` for the CLI, `preset='{}'` in
+    Python)."""
+    t = cfg.train
+    if t.train_ratio != make_config(cfg.preset).train.train_ratio:
         return None  # (a train ratio of the user's: the choice is made)
+    if cfg.preset.startswith("cpu-"):
+        return (f"no preset given and no CUDA device: preset {cfg.preset}, lucid's recipe for "
+                f"a CPU: the paper's algorithm with a {cfg.model.size} model, train ratio "
+                f"{t.train_ratio:g}, learning rates {t.model_lr:g}/{t.actor_lr:g}/"
+                f"{t.critic_lr:g} and the 2025 replay value loss (docs/presets.md); "
+                f"{spell.format('default')} runs the 2023 paper's settings")
+    if device.type != "cpu":
+        return None
     return (f"preset {cfg.preset} is the paper's setting (train ratio "
-            f"{cfg.train.train_ratio:g}), slow on a CPU; for a small task try "
+            f"{t.train_ratio:g}), slow on a CPU; for a small task try "
             f"{spell.format('cpu-control')} (vector observations) or "
             f"{spell.format('cpu-pixels')} (images)")

@@ -21,11 +21,12 @@ def test_unknown_config_key_is_refused_with_the_closest_key():
 
 
 def test_a_paper_preset_on_a_cpu_comes_with_a_hint(tmp_path):
-    r = runner.invoke(app, ["train", "examples.custom_env:MyEnv", "--size", "nano", "--steps",
+    r = runner.invoke(app, ["train", "dmc:cartpole-balance", "--size", "nano", "--steps",
                             "0", "--run-dir", str(tmp_path), "--device", "cpu",
                             "run.videos=false", "run.progress=false"])
     assert r.exit_code == 0, r.output
-    assert "note: preset default is the paper's setting" in r.output and "cpu-control" in r.output
+    assert "note: preset dmc-proprio is the paper's setting" in r.output \
+        and "--preset cpu-control" in r.output
     done = json.loads(r.output.strip().splitlines()[-1].removeprefix("done: "))  # JSON, too
     assert done["env_steps"] == 0
 
@@ -126,10 +127,11 @@ def test_train_then_eval_then_resume(tmp_path, offline_wandb):
     sent = [p.name for r in wandb_runs for p in (r / "files" / "media").rglob("*.*")]
     assert any(n.startswith("video_") for n in sent) and \
         any(n.startswith("open_loop_") for n in sent), sent
-    # CartPole's default preset is a CPU one: what it changes is said, not that it is slow
+    # CartPole's preset on a CPU is a CPU one: what it changes is said, not that it is slow
     assert "the paper's setting" not in r.output
-    assert "note: preset cpu-control is lucid's recipe for a CPU: the paper's algorithm with " \
-           "a nano model, train ratio 16, learning rates 0.0003/0.0003/0.0003" in r.output
+    assert "note: no preset given and no CUDA device: preset cpu-control, lucid's recipe for " \
+           "a CPU: the paper's algorithm with a nano model, train ratio 16, learning rates " \
+           "0.0003/0.0003/0.0003" in r.output
     cfg = (tmp_path / "config.yaml").read_text()
     assert "batch_length: 8" in cfg and "size: nano" in cfg
     # a run trained on a GPU evaluates on a machine without one: on this CPU, with a note
@@ -201,7 +203,7 @@ def test_paper_cartpole_preset_runs_at_its_size_and_train_ratio(tmp_path):
             "run.logger=none", "run.videos=false"]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
-    assert "note: preset" not in r.output  # CartPole's default preset is a CPU one
+    assert "note: preset" not in r.output and "no preset given" not in r.output  # named
     cfg = (tmp_path / "config.yaml").read_text()
     assert "size: XS" in cfg and "train_ratio: 1024" in cfg and "batch_length: 64" in cfg
     last = json.loads((tmp_path / "metrics.jsonl").read_text().strip().splitlines()[-1])
@@ -656,7 +658,7 @@ def test_a_preset_given_by_name_gets_no_note_on_presets(tmp_path):
                                 "0", "--run-dir", str(tmp_path / preset), "--device", "cpu",
                                 "run.videos=false", "run.progress=false"])
         assert r.exit_code == 0, r.output
-        assert "note: preset" not in r.output, r.output
+        assert "note: preset" not in r.output and "no preset given" not in r.output, r.output
 
 
 def test_video_names_never_overwrite_a_file(tmp_path):

@@ -56,7 +56,7 @@ class AleSpy:
 # --------------------------------------------------------------------------- names, presets
 
 def test_default_preset_maps_env_names_to_the_paper_domains():
-    assert default_preset("CartPole-v1") == "cpu-control"
+    assert default_preset("CartPole-v1") == "default"
     assert default_preset("Pendulum-v1") == "default"
     assert default_preset("atari:Pong") == "atari"
     assert default_preset("atari100k:Breakout") == "atari100k"

@@ -36,7 +36,7 @@ from . import instances
 from .extras import MissingExtraError
 from ..specs import ActionSpec, ObsSpec
 
-__all__ = ["make_env", "env_fn", "default_preset", "SUITES", "ObsSpec", "ActionSpec",
+__all__ = ["make_env", "env_fn", "default_preset", "observation_space", "SUITES", "ObsSpec", "ActionSpec",
            "UnknownEnvError", "MissingExtraError"]
 
 
@@ -106,8 +106,6 @@ SUITES: dict[str, tuple[Callable[..., gym.Env], str, str]] = {
 }
 # Names that need no `:task` part.
 _BARE = {"crafter": ""}
-# Presets for plain gymnasium ids.
-_ID_PRESETS = {"CartPole-v1": "cpu-control"}
 
 
 def parse_env_id(env_id: str) -> tuple[str | None, str]:
@@ -131,11 +129,9 @@ _EXAMPLES = {"atari": "Pong", "atari100k": "Pong", "dmc": "walker-walk",
 
 
 def default_preset(env_id: str) -> str:
-    """The config preset named after the env's domain in the paper (`lucid train` picks it
-    when no --preset is given): atari, atari100k, dmc-proprio, dmc-vision, crafter;
-    cpu-control for CartPole-v1; default otherwise."""
-    if env_id in _ID_PRESETS:
-        return _ID_PRESETS[env_id]
+    """The config preset named after the env's domain in the paper: atari, atari100k,
+    dmc-proprio, dmc-vision, crafter; default (the paper's settings) otherwise. With no
+    preset given, `lucid.device.preset_for` starts from it."""
     try:
         suite, task = parse_env_id(env_id)
     except UnknownEnvError:
@@ -145,6 +141,16 @@ def default_preset(env_id: str) -> str:
         if is_atari(task):
             return "atari"  # envpool's Atari ids
     return SUITES[suite][1] if suite else "default"
+
+
+def observation_space(env_id: str, max_episode_steps: int | None = None,
+                      **kwargs: Any) -> gym.Space:
+    """The observation space of `env_id`, from one env made and closed."""
+    env = make_env(env_id, max_episode_steps, **kwargs)
+    try:
+        return env.observation_space
+    finally:
+        env.close()
 
 
 # --------------------------------------------------------------------------- user envs
