@@ -47,7 +47,8 @@ class ActingRun:
         self.counters = new_counters()
         self.achievements = episode_metrics(cfg.env.id)
         self.recent: list[float] = []
-        if loaded is not None:
+        # what was loaded, in one line for a command to show (nothing is printed here)
+        self.loaded = None if loaded is None else \
             restore(self, *loaded, rank=0, learn=False, reseed=seed_everything)
 
     def evaluate(self, episodes: int, explore: bool = False, seed: int | None = None):

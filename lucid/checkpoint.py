@@ -112,6 +112,43 @@ class RunLock:
             self.f = None
 
 
+def training_pid(run_dir: Path) -> str | None:
+    """The pid of the process training in `run_dir` now (it holds the run's lock; "?" where
+    it wrote none), else None: a stopped run, or no run."""
+    try:
+        import fcntl
+        f = open(Path(run_dir) / RunLock.NAME)
+    except (ImportError, OSError):
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return f.read().strip() or "?"
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
+
+
+def no_checkpoint(run_dir: Path) -> FileNotFoundError:
+    """What to say of a directory without checkpoints: a run still training towards its first
+    (it comes after the first updates), one that stopped before it, or no run at all."""
+    run_dir = Path(run_dir)
+    if (pid := training_pid(run_dir)) is not None:
+        return FileNotFoundError(
+            f"{run_dir} is a run in progress (pid {pid}) that has not written its first "
+            f"checkpoint yet (it comes after the first updates, once train.prefill random "
+            f"steps are collected); try again when checkpoints/ holds one")
+    if not (run_dir / "config.yaml").is_file():
+        return FileNotFoundError(
+            f"{run_dir} is not a lucid run: it has no config.yaml and no checkpoints/ (give "
+            f"the directory that `lucid train` printed as its run directory)")
+    return FileNotFoundError(
+        f"no checkpoints in {run_dir / 'checkpoints'}: the run stopped before its first one "
+        f"(written after the first updates, then every run.checkpoint_minutes, "
+        f"run.checkpoint_every env steps and at the end), so there is nothing to resume, "
+        f"evaluate or dream with; start a new run in another directory")
+
+
 def _fsync_dir(d: Path) -> None:
     try:
         fd = os.open(d, os.O_RDONLY)
@@ -228,11 +265,7 @@ def load_latest(run_dir: Path, map_location="cpu", set_aside: bool = False
     number never keeps it in place of a good one."""
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
-        raise FileNotFoundError(
-            f"no checkpoints in {Path(run_dir) / 'checkpoints'}: the run stopped before its "
-            f"first one (they are written every run.checkpoint_minutes, run.checkpoint_every "
-            f"env steps and at the end), so there is nothing to resume; start a new run in "
-            f"another directory")
+        raise no_checkpoint(run_dir)
     errors = []
     for path in reversed(ckpts):
         try:

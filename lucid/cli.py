@@ -3,6 +3,7 @@ layer over lucid.train, lucid.repro and the visualising modules (video, plot, re
 
 from __future__ import annotations
 
+import errno
 import inspect
 import itertools
 import json
@@ -71,6 +72,26 @@ def _build(env: str, preset: Optional[str], size: Optional[str], steps: Optional
         from .device import preset_for  # (torch: not for `lucid --version`)
         preset = preset_for(make_config("default", overrides, **sections))
     return make_config(preset, overrides, **sections)
+
+
+def _interrupted(trainer) -> None:
+    """After Ctrl-C or SIGTERM (the checkpoint is saved): curves.png and report.html as at a
+    normal end (not the videos, which take longer), and how to go on."""
+    d, c, steps = trainer.run_dir, trainer.counters, trainer.cfg.run.steps
+    written = ""
+    if trainer.cfg.run.videos and trainer.ranks.is_main:
+        from .report import finish_run
+        typer.echo("writing curves.png and report.html ...", err=True)
+        made = finish_run(trainer, videos=False)
+        if "report" in made:
+            written = (f"; its curves and report are in {d} (`lucid report {d}` makes the page "
+                       f"again later)")
+    if c["env_steps"] >= steps:  # stopped while the end was being written
+        typer.echo(f"interrupted after the run's {steps} env steps, with a checkpoint: the "
+                   f"run is complete{written}", err=True)
+    else:
+        typer.echo(f"interrupted at {c['env_steps']} of {steps} env steps, with a checkpoint"
+                   f"{written}; continue with {trainer.resume_hint()}", err=True)
 
 
 def _refuse_key_without_value(env: str) -> None:
@@ -171,20 +192,9 @@ def train(
         except (EnvError, NonFiniteError, DiskFullError) as exc:  # each leaves a checkpoint
             _fail(exc)
         if trainer.signalled is not None:  # Ctrl-C or SIGTERM: saved; say so, exit 128 + N
-            if trainer.counters["env_steps"] >= trainer.cfg.run.steps:  # at the end's writing
-                d = trainer.run_dir
-                typer.echo(f"interrupted after the run's {trainer.cfg.run.steps} env steps, "
-                           f"with a checkpoint: the run is complete, but curves.png and "
-                           f"report.html were not written; make them with `lucid plot {d} "
-                           f"--out {d / 'curves.png'}` and `lucid report {d}`", err=True)
-            else:
-                typer.echo(f"interrupted at {trainer.counters['env_steps']} of "
-                           f"{trainer.cfg.run.steps} env steps, with a checkpoint; continue "
-                           f"with {trainer.resume_hint()}", err=True)
+            _interrupted(trainer)
             raise typer.Exit(128 + trainer.signalled)
-        # not after Ctrl-C; data-parallel: rank 0 only
-        if trainer.cfg.run.videos and not trainer.stop_requested \
-                and trainer.ranks.is_main:
+        if trainer.cfg.run.videos and trainer.ranks.is_main:  # data-parallel: rank 0 only
             from .report import finish_run
             typer.echo("writing curves.png and report.html ...")
             made = finish_run(trainer)  # (the run's end made the videos)
@@ -209,9 +219,11 @@ def _load_run(run_dir: str, file_ok: bool = False):
         except (ConfigError, ValueError, TypeError, ImportError) as exc:
             _fail(exc)
     try:
-        return load_to_act(run_dir)
+        run = load_to_act(run_dir)
     except (ConfigError, ValueError, FileNotFoundError, TypeError, ImportError) as exc:
         _fail(exc)
+    typer.echo(run.loaded, err=True)  # (stdout is the command's output: eval's JSON)
+    return run
 
 
 @app.command("eval")
@@ -225,7 +237,12 @@ def eval_cmd(run_dir: str = typer.Argument(..., help="a run directory, or an age
              video_format: str = typer.Option("mp4", "--format", help="mp4 or gif"),
              seed: Optional[int] = typer.Option(None, help="the evaluation envs' first seed "
                                                 "(default: run.seed + 10000)")):
-    """Evaluate the newest checkpoint of RUN_DIR (greedy policy unless --sampled)."""
+    """Evaluate the newest checkpoint of RUN_DIR (greedy policy unless --sampled).
+
+    Prints one line of JSON on stdout (for `| jq`); what else it says goes to stderr."""
+    from .warn import show_plainly
+    show_plainly(lambda text: typer.secho(text, fg="yellow", err=True),
+                 lambda text: typer.echo(text, err=True))
     if episodes < 1:
         _fail(f"--episodes must be >= 1, got {episodes}")
     if seed is not None and seed < 0:  # the envs' seeds: numpy's, which are >= 0
@@ -333,9 +350,8 @@ def _eval_video(run_dir: str, episodes: int, sampled: bool, video_format: str,
     except (TypeError, NotImplementedError) as exc:  # an env without render_mode or pictures
         _fail(f"this env cannot be drawn for a video ({type(exc).__name__}: {exc}); "
               f"lucid eval without --video gives the returns")
-    except Exception as exc:  # noqa: BLE001 - the env's; a full disk is main()'s to tell
-        from .checkpoint import disk_full
-        if isinstance(exc, OSError) and disk_full(exc):
+    except Exception as exc:  # noqa: BLE001 - the env's; an unwritable file is main()'s
+        if isinstance(exc, OSError) and unwritable(exc):
             raise
         _evaluation_failed(exc)
     if any(r.length >= EVAL_MAX_STEPS for r in recs):
@@ -480,15 +496,37 @@ for _cmd in app.registered_commands:
                              for paragraph in inspect.cleandoc(_cmd.callback.__doc__).split("\n\n"))
 
 
+# Writes refused by the file system: a read-only disk, missing permission, a file where a
+# directory has to be (or the reverse).
+_UNWRITABLE = {errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+               errno.EPERM: "permission denied",
+               errno.ENOTDIR: "a part of that path is a file, not a directory",
+               errno.EEXIST: "a file is in the way of a directory",
+               errno.EISDIR: "a directory is in the way of a file"}
+
+
+def unwritable(exc: OSError) -> str | None:
+    """The one-line error for a write the file system refused (None for other errors)."""
+    from .checkpoint import disk_full
+    where = str(exc.filename or "a file").removesuffix(".tmp")  # (atomic writes' temporary)
+    if disk_full(exc):
+        return (f"no space left on the disk ({where}); free some space and run the command "
+                f"again")
+    if exc.errno not in _UNWRITABLE:
+        return None
+    return (f"cannot write {where}: {_UNWRITABLE[exc.errno]}; give a path that can be written "
+            f"(--out, --run-dir; a run directory can be copied elsewhere and resumed there), "
+            f"or make that one writable. Nothing else was changed")
+
+
 def main():
     try:
         app()
-    except OSError as exc:  # a full disk anywhere else (eval videos, a report): one line too
-        from .checkpoint import disk_full
-        if not disk_full(exc):
+    except OSError as exc:  # any command's file written where the file system refuses it
+        message = unwritable(exc)
+        if message is None:
             raise
-        typer.secho(f"error: no space left on the disk ({exc.filename or 'writing a file'}); "
-                    f"free some space and run the command again", fg="red", err=True)
+        typer.secho(f"error: {message}", fg="red", err=True)
         raise SystemExit(2) from None
 
 

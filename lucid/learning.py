@@ -112,7 +112,7 @@ class LearningRun:
         return made
 
     def _restore(self, payload: dict, path: Path) -> None:
-        restore(self, payload, path, self.ranks.rank, learn=True, reseed=seed_everything)
+        print(restore(self, payload, path, self.ranks.rank, learn=True, reseed=seed_everything))
         c = self.counters
         was = self.ratio.resume(payload.get("schedule"), c["updates"], c["env_steps"])
         if self.ranks.is_main:

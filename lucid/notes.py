@@ -74,16 +74,14 @@ def preset_note(cfg: Config, device: torch.device, spell: str) -> str | None:
     a preset name as the user gives one (`--preset {}` for the CLI, `preset='{}'` in
     Python)."""
     t = cfg.train
-    if t.train_ratio != make_config(cfg.preset).train.train_ratio:
-        return None  # (a train ratio of the user's: the choice is made)
     if cfg.preset.startswith("cpu-"):
         return (f"no preset given and no CUDA device: preset {cfg.preset}, lucid's recipe for "
                 f"a CPU: the paper's algorithm with a {cfg.model.size} model, train ratio "
                 f"{t.train_ratio:g}, learning rates {t.model_lr:g}/{t.actor_lr:g}/"
                 f"{t.critic_lr:g} and the 2025 replay value loss (docs/presets.md); "
                 f"{spell.format('default')} runs the 2023 paper's settings")
-    if device.type != "cpu":
-        return None
+    if device.type != "cpu" or t.train_ratio != make_config(cfg.preset).train.train_ratio:
+        return None  # (a GPU; or a train ratio of the user's: the choice is made)
     return (f"preset {cfg.preset} is the paper's setting (train ratio "
             f"{t.train_ratio:g}), slow on a CPU; for a small task try "
             f"{spell.format('cpu-control')} (vector observations) or "

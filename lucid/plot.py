@@ -283,3 +283,54 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_ste
     if groups:
         ax.legend(fontsize=8, loc="best")
     return save_figure(fig, out, dpi=100)
+
+
+# The report's diagnostics: one panel per question, the metrics.jsonl keys that answer it
+# (a panel whose keys a run has not logged is left out). Log scales where values span decades.
+DIAGNOSTICS = (
+    ("episode return (mean of the last 10)", ("episode/return_recent",), False),
+    ("world-model losses", ("world_model/decoder", "world_model/reward", "world_model/continue",
+                            "world_model/dyn", "world_model/rep"), True),
+    ("KL(posterior ‖ prior)", ("world_model/kl",), False),
+    ("entropies", ("actor/entropy", "world_model/post_entropy", "world_model/prior_entropy"),
+     False),
+    ("return scale S (actor)", ("actor/return_scale",), False),
+    ("critic: value and return means", ("critic/value_mean", "critic/return_mean"), False),
+    ("gradient norms (before clipping)", ("world_model/grad_norm", "actor/grad_norm",
+                                          "critic/grad_norm"), True),
+    ("updates per second", ("perf/updates_per_s",), False),
+)
+
+
+def plot_diagnostics(run_dir: str | Path, out: str | Path) -> Path | None:
+    """A grid of the run's main diagnostics against env steps, from metrics.jsonl (each
+    point a logged row's mean over its interval), so a change in the return can be read
+    next to its cause; None where no row has any of them yet."""
+    run = Run(Path(run_dir), {}, metrics=read_jsonl(Path(run_dir) / "metrics.jsonl"))
+    panels = []
+    for title, keys, log in DIAGNOSTICS:
+        lines = [(k, *run.series(k)) for k in keys]
+        lines = [(k, xs, ys) for k, xs, ys in lines if len(xs)]
+        if lines:
+            panels.append((title, lines, log))
+    if not panels:
+        return None
+    plt = pyplot()
+    cols = 2
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(11, 2.6 * rows), sharex=True, squeeze=False)
+    for ax, (title, lines, log) in zip(axes.flat, panels):
+        for i, (key, xs, ys) in enumerate(lines):
+            ax.plot(xs, ys, color=f"C{i}", label=key, marker="o" if len(xs) == 1 else None,
+                    linewidth=1.2)
+        if log and all((ys > 0).all() for _, _, ys in lines):
+            ax.set_yscale("log")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        if len(lines) > 1:
+            ax.legend(fontsize=7, loc="best")
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("environment steps")
+    return save_figure(fig, out, dpi=90)

@@ -1,7 +1,8 @@
 """One self-contained HTML page per run: `write_report(run_dir) -> RUN_DIR/report.html`.
 
 The page holds the resolved config, summary numbers (from episodes.jsonl and the last row of
-metrics.jsonl), the learning curve (a PNG made by lucid.plot, embedded as base64) and the
+metrics.jsonl), the learning curve and the diagnostics over time (PNGs made by lucid.plot,
+embedded as base64) and the
 videos found in RUN_DIR/videos/ in the order of their env steps (MP4 as <video>, GIF/PNG as
 <img>, embedded as base64; of a run with videos of more than MAX_VIDEO_STEPS steps, those of
 the first, the last and evenly spaced steps between). It
@@ -21,7 +22,7 @@ import numpy as np
 from . import reference
 from .checkpoint import atomic_write_text
 from .io import read_jsonl
-from .plot import plot_runs, train_episodes
+from .plot import plot_diagnostics, plot_runs, train_episodes
 from .warn import warn
 
 VIDEO_TYPES = {".mp4": "video/mp4", ".webm": "video/webm"}
@@ -125,17 +126,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     s = summary(run_dir)
     parts.append(_table(list(s.items())) if s else "<p>No episodes or metrics logged yet.</p>")
 
-    parts.append("<h2>Learning curve</h2>")
-    if (run_dir / "episodes.jsonl").exists() and read_jsonl(run_dir / "episodes.jsonl"):
-        with tempfile.TemporaryDirectory() as tmp:
-            png = plot_runs([run_dir], Path(tmp) / "curve.png")
-            parts.append(f'<figure><img class="media" id="learning-curve" alt="learning curve" '
-                         f'src="{_data_uri(png, "image/png")}"><figcaption>Training episode '
-                         f'return (running mean of 10) against environment steps; circles: '
-                         f'greedy evaluation episodes.</figcaption></figure>')
-    else:
-        parts.append("<p>No episodes logged yet.</p>")
-
+    parts += _learning_curve(run_dir)
+    parts += _diagnostics(run_dir)
     parts += _against_authors(run_dir)
 
     videos = sorted((run_dir / "videos").glob("*")) if (run_dir / "videos").is_dir() else []
@@ -179,6 +171,40 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, page)
     return out
+
+
+def _learning_curve(run_dir: Path) -> list[str]:
+    """The training return, and the greedy evaluations where the run made any."""
+    parts = ["<h2>Learning curve</h2>"]
+    episodes = read_jsonl(run_dir / "episodes.jsonl")
+    if not episodes:
+        return parts + ["<p>No episodes logged yet.</p>"]
+    evals = any(e.get("eval") and e.get("policy", "greedy") == "greedy" for e in episodes)
+    with tempfile.TemporaryDirectory() as tmp:
+        png = plot_runs([run_dir], Path(tmp) / "curve.png")
+        parts.append(f'<figure><img class="media" id="learning-curve" alt="learning curve" '
+                     f'src="{_data_uri(png, "image/png")}"><figcaption>Training episode '
+                     f'return (running mean of 10) against environment steps'
+                     + ("; circles: greedy evaluation episodes." if evals else
+                        " (no evaluation episodes: run.eval_every=0).")
+                     + "</figcaption></figure>")
+    return parts
+
+
+def _diagnostics(run_dir: Path) -> list[str]:
+    """The world model's losses, KL, entropies, return scale, values, gradient norms and
+    update rate over the run, from metrics.jsonl."""
+    with tempfile.TemporaryDirectory() as tmp:
+        png = plot_diagnostics(run_dir, Path(tmp) / "diagnostics.png")
+        if png is None:
+            return []
+        return ["<h2>Diagnostics</h2>",
+                f'<figure><img class="media" id="diagnostics" alt="diagnostics" '
+                f'src="{_data_uri(png, "image/png")}"><figcaption>Metrics logged during '
+                f'training (metrics.jsonl; each point the mean over one logging interval) '
+                f'against environment steps: read a change in the return above next to the '
+                f'world model, the actor and the critic. World-model losses and gradient '
+                f'norms on log scales.</figcaption></figure>']
 
 
 def _against_authors(run_dir: Path) -> list[str]:

@@ -114,10 +114,10 @@ def resumed_config(cfg: Config, run_dir: Path, set_aside: bool, env: str | None 
     return saved, loaded
 
 
-def restore(run, payload: dict, path: Path, rank: int, learn: bool, reseed) -> None:
+def restore(run, payload: dict, path: Path, rank: int, learn: bool, reseed) -> str:
     """The checkpoint `payload` into `run` (a Trainer or a run loaded to act: its agent,
     counters, recent returns, episode metrics and replay, whose files on disk are read
-    back). Data-parallel: only rank 0's random streams are saved; the other ranks draw new
+    back); returns one line that says what was loaded. Data-parallel: only rank 0's random streams are saved; the other ranks draw new
     ones (`reseed(seed)`), not rank 0's nor their own start's again."""
     run.agent.load_state_dict(payload["agent"])
     run.counters.update(payload["counters"])
@@ -132,6 +132,6 @@ def restore(run, payload: dict, path: Path, rank: int, learn: bool, reseed) -> N
         seq = np.random.SeedSequence([run.cfg.run.seed, rank, run.counters["env_steps"]])
         reseed(int(seq.generate_state(1)[0]))
         run.replay.reseed(seq.spawn(1)[0])
-    print(f"{'resumed from' if learn else 'loaded'} {path} at "
-          f"{run.counters['env_steps']} env steps, "
-          f"{run.counters['updates']} updates; replay holds {restored} steps per env")
+    return (f"{'resumed from' if learn else 'loaded'} {path} at "
+            f"{run.counters['env_steps']} env steps, "
+            f"{run.counters['updates']} updates; replay holds {restored} steps per env")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import shutil
 import time
 from pathlib import Path
@@ -42,7 +43,16 @@ def is_lucid_config(path: Path) -> bool:
 
 
 def _refuse_held(given: Path, held: list[str]) -> None:
-    if not ckpt.list_checkpoints(given):  # --resume would find nothing to load
+    pid = ckpt.training_pid(given)
+    if pid is not None and pid != str(os.getpid()):
+        raise ConfigError(f"{given} is in use: another lucid process (pid {pid}) is training "
+                          f"in it; give another run directory. Nothing was written")
+    if not (given / "config.yaml").is_file():
+        raise ConfigError(f"{given} holds {', '.join(held)} but no config.yaml, so it is no "
+                          f"lucid run that could be resumed, and a new run there would mix "
+                          f"its logs with these files; give another run directory. Nothing "
+                          f"was written")
+    if not ckpt.list_checkpoints(given) and pid is None:  # --resume would find nothing
         raise ConfigError(
             f"{given} holds the files ({', '.join(held)}) of a run that stopped before its "
             f"first checkpoint, so it cannot be resumed; give another run directory, or "
@@ -54,6 +64,10 @@ def _refuse_held(given: Path, held: list[str]) -> None:
     how = resume_hint(held_env, given)
     if not instances.is_instance(held_env):
         how += " (or Dreamer.load)"
+    if pid is not None:  # a Trainer or Dreamer of this process holds it
+        raise ConfigError(f"{given} is in use by a Trainer or Dreamer of this process: close() "
+                          f"it, then continue it with {how}, or give another run directory. "
+                          f"Nothing was written")
     raise ConfigError(f"{given} already holds a run ({', '.join(held)}); continue it with "
                       f"{how}, or give another run directory. Nothing was written")
 

@@ -110,8 +110,8 @@ class ObsSpec:
         for path, sub in items:
             where = f" at key {'/'.join(map(str, path))!r}" if path else ""
             if not isinstance(sub, LEAVES):
-                drop = (f" (to train on the other keys, drop it: gymnasium.wrappers."
-                        f"FilterObservation(env, [the keys to keep]))"
+                drop = (" (to train on the other keys, drop it: gymnasium.wrappers."
+                        "FilterObservation(env, [the keys to keep]))"
                         if len(path) == 1 and isinstance(space, gym.spaces.Dict) else "")
                 raise TypeError(f"unsupported observation space {sub}{where}; "
                                 f"lucid supports {SUPPORTED_OBS}{drop}")

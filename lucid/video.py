@@ -20,6 +20,7 @@ import importlib.util
 import io
 import math
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -77,6 +78,12 @@ class VideoWriter:
         if self.kind not in (".mp4", ".gif"):
             raise ValueError(f"unknown video format {self.path.suffix!r}; use .mp4 or .gif")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # An unwritable folder fails here as an OSError naming it, not as a broken pipe to
+        # ffmpeg once frames arrive.
+        try:
+            tempfile.TemporaryFile(dir=self.path.parent).close()
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
         self._writer = None
         self._frames: list[np.ndarray] = []
         self.count = 0
@@ -439,7 +446,8 @@ def dream_batch(replay, n: int, length: int, device="cpu", seed: int = 0) -> dic
     stored = replay.stored
     if stored < length:
         raise ValueError(f"the replay holds {stored} steps per env, fewer than the {length} "
-                         f"a dream of this length needs; use a smaller --horizon")
+                         f"a dream of this length needs; make --context plus --horizon at "
+                         f"most {stored}")
     rng = np.random.default_rng(seed)
     oldest = (replay.pos - stored) % replay.per_env
     first = replay.data["is_first"]

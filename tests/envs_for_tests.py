@@ -222,6 +222,22 @@ class SignalOnRenderEnv(CountEnv):
         return np.zeros((16, 16, 3), np.uint8)
 
 
+class SignalAtStepEnv(CountEnv):
+    """CountEnv that sends the process SIGTERM at the process's `at`-th step, once: a run
+    stopped in the middle of training (`timeout`, a cluster's scheduler, Ctrl-C)."""
+    steps = 0
+
+    def __init__(self, at: int = 60):
+        super().__init__()
+        self.at = at
+
+    def step(self, action):
+        SignalAtStepEnv.steps += 1
+        if SignalAtStepEnv.steps == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().step(action)
+
+
 class OneInstanceEnv(CountEnv):
     """CountEnv that can be built once per process (the start-up check), as a simulator whose
     licence allows one instance: the training env's construction raises."""

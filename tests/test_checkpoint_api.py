@@ -246,7 +246,9 @@ def test_dreamer_api_takes_an_env_instance_and_a_callback(tmp_path):
     agent = Dreamer(env, size="nano", run_dir=tmp_path / "run",
                     train={"batch_size": 2, "batch_length": 8, "horizon": 3, "prefill": 20,
                            "train_ratio": 16})
-    assert agent.cfg.preset == "default" and agent.cfg.env.num_envs == 1
+    # no preset named: on a machine without a CUDA device, the CPU recipe for vectors
+    assert agent.cfg.preset == ("default" if torch.cuda.is_available() else "cpu-control")
+    assert agent.cfg.env.num_envs == 1
     agent.learn(10_000, callback=callback)
     assert len(seen) == 3 and all(1 <= s["length"] <= 30 for s in seen)
     assert agent.trainer.counters["episodes"] == 3
@@ -294,16 +296,24 @@ def test_dreamer_names_the_cpu_presets_when_the_envs_preset_is_the_papers(recwar
     """As `lucid train` notes it: a preset picked by the env's domain that is one of the
     paper's settings is slow on a CPU; a preset the user chose, a CPU preset, or a train ratio
     the user chose, is not noted."""
-    with pytest.warns(UserWarning, match=r"preset default is the paper's setting \(train "
+    with pytest.warns(UserWarning, match=r"preset dmc-proprio is the paper's setting \(train "
                                          r"ratio 512\).*preset='cpu-control'.*"
                                          r"preset='cpu-pixels'") as rec:
-        Dreamer("Pendulum-v1", size="nano", run__device="cpu")
+        Dreamer("dmc:cartpole-balance", size="nano", run__device="cpu")
     assert rec[0].filename == __file__  # the user's line
     recwarn.clear()
-    Dreamer("Pendulum-v1", preset="default", size="nano", run__device="cpu")
-    Dreamer("CartPole-v1", size="nano", run__device="cpu")  # cpu-control by its domain
-    Dreamer("Pendulum-v1", size="nano", run__device="cpu", train__train_ratio=32)  # chosen
+    Dreamer("dmc:cartpole-balance", preset="dmc-proprio", size="nano", run__device="cpu")
+    Dreamer("dmc:cartpole-balance", size="nano", run__device="cpu",
+            train__train_ratio=32)  # chosen
     assert not [w for w in recwarn if "paper's setting" in str(w.message)]
+    # outside the paper's suites a CPU gets lucid's CPU recipe, and is told what it changes
+    with pytest.warns(UserWarning, match=r"no preset given and no CUDA device: preset "
+                                         r"cpu-control.*preset='default' runs the 2023"):
+        assert Dreamer("Pendulum-v1", size="nano", run__device="cpu").cfg.preset \
+            == "cpu-control"
+    recwarn.clear()
+    Dreamer("Pendulum-v1", preset="cpu-control", size="nano", run__device="cpu")
+    assert not [w for w in recwarn if "preset" in str(w.message)]
 
 
 def test_an_env_instance_trains_on_one_copy_unless_more_are_asked_for(tmp_path):

@@ -1,4 +1,5 @@
 import json
+import re
 import sys
 
 import torch
@@ -106,12 +107,28 @@ def test_a_signal_while_the_end_is_written_says_the_run_is_complete(tmp_path):
                             "run.progress=false"])
     assert r.exit_code == 128 + 15, r.output
     assert (f"interrupted after the run's 30 env steps, with a checkpoint: the run is "
-            f"complete, but curves.png and report.html were not written; make them with "
-            f"`lucid plot {tmp_path} --out {tmp_path / 'curves.png'}` and `lucid report "
-            f"{tmp_path}`") in r.output
-    assert "--resume" not in r.output and not (tmp_path / "report.html").exists()
-    r = runner.invoke(app, ["report", str(tmp_path)])
-    assert r.exit_code == 0 and (tmp_path / "report.html").exists(), r.output
+            f"complete; its curves and report are in {tmp_path} (`lucid report {tmp_path}` "
+            f"makes the page again later)") in r.output
+    assert "--resume" not in r.output
+    assert (tmp_path / "report.html").exists() and (tmp_path / "curves.png").exists()
+
+
+def test_a_signal_in_the_middle_of_training_leaves_curves_and_a_report(tmp_path):
+    """SIGTERM (or Ctrl-C) while training: checkpoint, curves.png and report.html as at a
+    normal end (not the videos), a message naming `lucid report` and the resume; 128 + 15."""
+    r = runner.invoke(app, ["train", "envs_for_tests:SignalAtStepEnv", "--size", "nano",
+                            "--steps", "10000", "--run-dir", str(tmp_path), "train.prefill=20",
+                            "train.batch_size=2", "train.batch_length=8", "train.horizon=3",
+                            "run.progress=false", "run.log_every=0"])
+    assert r.exit_code == 128 + 15, r.output
+    assert re.search(r"interrupted at \d+ of 10000 env steps, with a checkpoint; its curves "
+                     rf"and report are in {re.escape(str(tmp_path))} \(`lucid report "
+                     rf"{re.escape(str(tmp_path))}` makes the page again later\); continue "
+                     rf"with `lucid train --resume {re.escape(str(tmp_path))}`", r.output), \
+        r.output
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    page = (tmp_path / "report.html").read_text()
+    assert "<img" in page and not list((tmp_path / "videos").glob("*.mp4"))
 
 
 def test_train_then_eval_then_resume(tmp_path, offline_wandb):
@@ -138,9 +155,10 @@ def test_train_then_eval_then_resume(tmp_path, offline_wandb):
     (tmp_path / "config.yaml").write_text(cfg.replace("device: auto", "device: cuda"))
     r = runner.invoke(app, ["eval", str(tmp_path), "--episodes", "2"])
     assert r.exit_code == 0, r.output
-    assert torch.cuda.is_available() or "run.device=cuda, which this machine lacks" in r.output
-    out = json.loads(r.output.strip().splitlines()[-1])
+    assert torch.cuda.is_available() or "run.device=cuda, which this machine lacks" in r.stderr
+    out = json.loads(r.stdout)  # stdout is the JSON alone (`| jq`); notes and "loaded" on stderr
     assert out["episodes"] == 2 and len(out["returns"]) == 2
+    assert "loaded " in r.stderr and "env steps" in r.stderr
     assert "device: cuda" in (tmp_path / "config.yaml").read_text()  # eval changes no file
     # an agent file from Dreamer.save evaluates too; a seed gives the same episodes again
     from lucid import Dreamer
@@ -579,12 +597,13 @@ def test_check_notes_episodes_that_never_end_and_its_episodes_follow_the_seed():
 
 
 def test_check_closes_every_env_it_makes_also_when_the_rollout_fails():
-    """`lucid check` makes an env for the spaces, one for the rollout and one for a frame:
-    each is closed when it is done with it, whether the rollout ends or an env step raises
-    (a simulator left open keeps its process)."""
+    """`lucid check` makes an env for the preset's choice (on a CPU: are there images?), one
+    for the spaces, one for the rollout and one for a frame: each is closed when it is done
+    with it, whether the rollout ends or an env step raises (a simulator left open keeps its
+    process)."""
     from envs_for_tests import ClosedEnv
     out = {}
-    for case, args, code, made in (("ends", [], 0, 3), ("fails", ["env.kwargs.fail_at=3"], 2, 2)):
+    for case, args, code, made in (("ends", [], 0, 4), ("fails", ["env.kwargs.fail_at=3"], 2, 3)):
         ClosedEnv.made.clear()
         r = runner.invoke(app, ["check", "envs_for_tests:ClosedEnv", "--steps", "6", *args])
         assert r.exit_code == code, r.output

@@ -921,9 +921,18 @@ def test_a_new_run_never_writes_into_another_runs_directory(tmp_path, monkeypatc
     young = tmp_path / "young"  # killed before its first checkpoint: logs, no checkpoint
     young.mkdir()
     (young / "metrics.jsonl").write_text('{"env_steps": 10}\n')
+    (young / "config.yaml").write_text("run: {}\n")
     with pytest.raises(ConfigError, match=r"young holds the files \(metrics.jsonl\) of a run "
                                           r"that stopped before its first checkpoint.*delete"):
         Trainer(_cfg(young, run={"steps": 30}))  # not "--resume", which has nothing to load
+    stranger = tmp_path / "stranger"  # no run: some other program's metrics.jsonl
+    stranger.mkdir()
+    (stranger / "metrics.jsonl").write_text('{"loss": 1}\n')
+    with pytest.raises(ConfigError, match=r"stranger holds metrics.jsonl but no config.yaml, "
+                                          r"so it is no lucid run") as refused:
+        Trainer(_cfg(stranger, run={"steps": 30}))
+    assert "delete" not in str(refused.value)
+    assert [p.name for p in stranger.iterdir()] == ["metrics.jsonl"]
     failed = tmp_path / "failed"  # a start that failed after writing its config.yaml
     failed.mkdir()
     (failed / "config.yaml").write_text("run: {}\n")

@@ -793,6 +793,33 @@ def test_report_is_one_self_contained_page(runs, tmp_path):
     assert base64.b64decode(mp4.split(",", 1)[1]) == clip.read_bytes()
     html_text = page_path.read_text()
     assert f"<td>{STEPS}</td>" in html_text  # final env steps from metrics.jsonl
+    # the diagnostics over time: one panel per logged group of metrics
+    diag = next(a for t, a in page.tags if t == "img" and a.get("id") == "diagnostics")
+    grid = iio.imread(base64.b64decode(diag["src"].split(",", 1)[1]))
+    assert grid.shape[0] > 600  # four rows of panels
+    # the caption says what the page shows: this run made no evaluation (run.eval_every=0)
+    assert "circles" not in html_text and "no evaluation episodes" in html_text
+    with open(run / "episodes.jsonl", "a") as f:
+        f.write(json.dumps({"env_steps": STEPS, "return": 9.0, "length": 9, "eval": True,
+                            "policy": "greedy"}) + "\n")
+    assert "circles: greedy evaluation episodes" in write_report(run).read_text()
+
+
+def test_diagnostics_plot_the_logged_metrics_and_leave_out_the_rest(tmp_path):
+    from lucid.plot import plot_diagnostics
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"env_steps": 100 * i, "world_model/kl": 1.0 / i,
+                    "perf/updates_per_s": 5.0}) + "\n" for i in range(1, 6)))
+    png = plot_diagnostics(tmp_path, tmp_path / "d.png")
+    one_row = iio.imread(png)  # two panels: KL and updates/s, side by side
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"env_steps": 100 * i, "world_model/kl": 1.0 / i, "actor/entropy": 1.0,
+                    "critic/value_mean": 0.5, "perf/updates_per_s": 5.0}) + "\n"
+        for i in range(1, 6)))
+    two_rows = iio.imread(plot_diagnostics(tmp_path, tmp_path / "d2.png"))
+    assert two_rows.shape[0] > 1.8 * one_row.shape[0] and two_rows.shape[1] == one_row.shape[1]
+    (tmp_path / "metrics.jsonl").write_text('{"env_steps": 1, "something/else": 2.0}\n')
+    assert plot_diagnostics(tmp_path, tmp_path / "d3.png") is None
 
 
 def test_report_orders_videos_by_step_and_embeds_those_of_a_few_steps(runs, tmp_path):
@@ -919,8 +946,9 @@ def test_cli_eval_video_dream_plot_report(runs, tmp_path):
                          "--out", str(tmp_path / "dream.gif")])
     assert r.exit_code == 0, r.output
     assert video.read_video(tmp_path / "dream.gif").shape == (9, 2 * (200 + video.BAR), 900, 3)
-    r = cli.invoke(app, ["dream", str(run), "--horizon", "5000"])
-    assert r.exit_code == 2 and "horizon" in r.output
+    for too_long in (["--horizon", "5000"], ["--context", "5000"]):  # either one: both named
+        r = cli.invoke(app, ["dream", str(run), *too_long])
+        assert r.exit_code == 2 and "make --context plus --horizon at most" in r.output, r.output
     # default names never overwrite an earlier video of the same checkpoint
     first = Path(path).read_bytes()
     r = cli.invoke(app, ["eval", str(run), "--episodes", "1", "--video", "--sampled"])
