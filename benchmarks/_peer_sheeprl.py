@@ -2,7 +2,7 @@
 by peers.py.
 
 Composes sheeprl's own config (`exp=dreamer_v3 algo=dreamer_v3_<size>`), builds the agent and
-optimisers as its `main` does (Lightning Fabric on the CPU, fp32), and times its `train`
+optimizers as its `main` does (Lightning Fabric on the CPU, fp32), and times its `train`
 function (world model, actor, critic; the target-critic update its loop does before each
 call is included) on a synthetic (T, B) batch shaped like its replay's samples (float
 tensors; images CHW in [0, 255]; one-hot actions). Prints one JSON line.

@@ -39,7 +39,7 @@ from lucid.runner import Collector  # noqa: E402
 
 class SquareEnv(gym.Env):
     """Synthetic 64x64x3 image env: a square moves with the action (5 discrete actions:
-    stay, up, down, left, right); reward for reaching the centre; 200-step episodes."""
+    stay, up, down, left, right); reward for reaching the center; 200-step episodes."""
 
     metadata = {"render_modes": []}
 
@@ -66,8 +66,8 @@ class SquareEnv(gym.Env):
         moves = ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1))
         self.pos = np.clip(self.pos + 2 * np.array(moves[int(action)]), 0, self.size - 8)
         self.t += 1
-        centre = abs(self.pos - (self.size - 8) // 2).sum() <= 4
-        return self._obs(), float(centre), False, self.t >= self.episode, {}
+        center = abs(self.pos - (self.size - 8) // 2).sum() <= 4
+        return self._obs(), float(center), False, self.t >= self.episode, {}
 
 
 ENVS = {"cartpole": lambda: gym.make("CartPole-v1"), "image": SquareEnv}

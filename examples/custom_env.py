@@ -47,8 +47,8 @@ class MyEnv(gym.Env):
     def _obs(self):
         image = np.zeros((64, 64, 3), np.uint8)
         image[..., 2] = 40  # dark blue background
-        for (x, y), colour in ((self.goal, (0, 255, 0)), (self.agent, (255, 0, 0))):
-            image[y * self.cell:(y + 1) * self.cell, x * self.cell:(x + 1) * self.cell] = colour
+        for (x, y), color in ((self.goal, (0, 255, 0)), (self.agent, (255, 0, 0))):
+            image[y * self.cell:(y + 1) * self.cell, x * self.cell:(x + 1) * self.cell] = color
         position = np.concatenate([self.agent, self.goal]).astype(np.float64) / (self.size - 1)
         return {"image": image, "position": position}
 

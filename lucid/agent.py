@@ -1,4 +1,4 @@
-"""The DreamerV3 agent: world model, actor, critic, their three optimisers and one update.
+"""The DreamerV3 agent: world model, actor, critic, their three optimizers and one update.
 
 `train(batch)` follows the paper's algorithm, one named step each (`Agent._update`): (1) the
 world model's loss and step on the replayed (B, T) batch; (2) imagine H steps from every
@@ -71,14 +71,14 @@ COMPILE_CHUNK = 8
 
 
 def _check_trained(opt, params: list, optimizers: dict) -> None:
-    """A network replaced after Agent.__init__ would silently never train (its optimiser holds
+    """A network replaced after Agent.__init__ would silently never train (its optimizer holds
     the old one's parameters): refuse it, naming the way that works. Each of `params` must be
     in `opt` (which may hold more: a subclass's extra parameter group)."""
     held = {id(p) for g in opt.param_groups for p in g["params"]}
     if not {id(p) for p in params} <= held:
         name = next(k for k, o in optimizers.items() if o is opt)
         raise ConfigError(
-            f"the {name}'s parameters are not the ones its optimiser was made over: a module "
+            f"the {name}'s parameters are not the ones its optimizer was made over: a module "
             f"replaced after Agent.__init__ would never train. Return it from "
             f"Agent.build_{name} in a subclass "
             f"and name that in model.agent (docs/extending.md)")
@@ -113,9 +113,9 @@ def agent_class(config: Config) -> type:
 
 
 class Agent:
-    """World model, actor and critic with their optimisers. To change a network, subclass
+    """World model, actor and critic with their optimizers. To change a network, subclass
     and override `build_world_model`, `build_actor` or `build_critic`: they are called before
-    the optimisers are made, so what they return is what trains. Name the subclass in
+    the optimizers are made, so what they return is what trains. Name the subclass in
     `model.agent` (`module.path:Class` or `path/to/file.py:Class`), so that every process that
     builds the run's agent (evaluation, resume, Ray runners) builds the same (docs/extending.md)."""
 
@@ -153,7 +153,7 @@ class Agent:
         self.opt_actor = _adam(self.actor.parameters(), t.actor_lr, t.actor_eps, graph)
         self.opt_critic = _adam(self.critic.net.parameters(), t.critic_lr, t.critic_eps, graph)
         self.updates = 0
-        self._checked: set = set()  # optimisers whose parameters _step has compared
+        self._checked: set = set()  # optimizers whose parameters _step has compared
         self._graph: GraphedUpdate | None = None  # train.cuda_graph: captured at first update
         # Data-parallel learners (lucid.distributed): `grad_sync(params, loss)` averages the
         # gradients and the loss over ranks between backward and clipping; `gather(x)` joins
@@ -192,7 +192,7 @@ class Agent:
         prior, the two-hot means, the encoder, decoder, reward and continue heads, and the
         actor and critic networks are compiled as well. The random numbers are drawn in
         eager code and passed in, so compiled and eager updates draw the same samples.
-        Losses' reductions and the optimisers stay eager. Nothing changes in the maths or in
+        Losses' reductions and the optimizers stay eager. Nothing changes in the maths or in
         `state_dict` keys."""
         # The heads share one code object (Head.forward) and are called in ~10 variants
         # (module, shape, grad mode): past dynamo's default of 8 per code object, the rest
@@ -218,10 +218,10 @@ class Agent:
 
     def autocast(self):
         """`train.precision=bf16`: torch.autocast(bf16) for the forward passes of an update
-        (world-model loss, imagination, actor and critic heads); backward passes and optimiser
+        (world-model loss, imagination, actor and critic heads); backward passes and optimizer
         steps run outside it. Autocast runs matmuls and convolutions in bf16; the code keeps
         the rest fp32 explicitly (nets.LayerNorm, `.float()` before every distribution and
-        loss), so λ-returns, return normalisation and parameters never see bf16. Acting
+        loss), so λ-returns, return normalization and parameters never see bf16. Acting
         (`policy`) stays fp32. fp32: a no-op context."""
         t = self.config.train
         if t.precision == "bf16":
@@ -448,7 +448,7 @@ class Agent:
     def _joint_step(self, wm_loss, c_loss, r_loss, metrics: dict):
         """`train.replay_value_grad`: one backward pass of both losses, so the world model's
         gradient is of L_wm + scale·L_replay; both steps then see the parameters as they
-        were before the update, as with the authors' single optimiser."""
+        were before the update, as with the authors' single optimizer."""
         t = self.config.train
         wm_params = list(self.wm.parameters())
         critic_params = list(self.critic.net.parameters())
@@ -488,10 +488,10 @@ class Agent:
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"world_model": self.opt_wm, "actor": self.opt_actor, "critic": self.opt_critic}
 
-    def check_optimisers(self) -> None:
-        """Refuse a network assigned after the optimisers were made (`agent.actor.head =
+    def check_optimizers(self) -> None:
+        """Refuse a network assigned after the optimizers were made (`agent.actor.head =
         ...`, in a subclass's __init__ or on an agent at hand), before a run starts: each
-        network's parameters must be in its optimiser (as the first update checks those it
+        network's parameters must be in its optimizer (as the first update checks those it
         steps)."""
         for opt, net in ((self.opt_wm, self.wm), (self.opt_actor, self.actor),
                          (self.opt_critic, self.critic.net)):
@@ -533,7 +533,7 @@ class Agent:
             for group in o.param_groups:
                 group.update({key: v for key, v in o.defaults.items() if key in group})
         self.updates = int(state.get("updates", 0))
-        self._graph = None  # optimiser state tensors were replaced: capture again
+        self._graph = None  # optimizer state tensors were replaced: capture again
 
     def num_params(self) -> dict[str, int]:
         count = lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad)  # noqa: E731
@@ -561,7 +561,7 @@ def _copy_into(dst: dict, src: dict, prefix: str = "") -> None:
 
 
 def snapshot(agent: Agent):
-    """Copies of the agent's parameters, buffers and optimiser state, for `restore`, in host
+    """Copies of the agent's parameters, buffers and optimizer state, for `restore`, in host
     memory (a GPU's memory holds no second copy of the model while a graph is captured)."""
     def copy(t):
         return t.detach().to("cpu", copy=True)
@@ -574,7 +574,7 @@ def snapshot(agent: Agent):
 @torch.no_grad()
 def restore(agent: Agent, saved) -> None:
     """Put a `snapshot` back in place (the same tensors, as a captured graph needs them).
-    Optimiser state made since the snapshot is zeroed: Adam's fresh state is all zeros."""
+    Optimizer state made since the snapshot is zeroed: Adam's fresh state is all zeros."""
     modules, opts = saved
     for m, values in zip(agent.modules().values(), modules):
         for t, v in zip(m.state_dict().values(), values):
@@ -593,9 +593,9 @@ class GraphedUpdate:
     dominates the update at the paper's batch sizes. This works because the update reads
     nothing back to the host (non-finite steps are skipped on the device; metrics stay on it).
 
-    Capturing needs warm-up updates (lazy optimiser state, library workspaces, compiled
+    Capturing needs warm-up updates (lazy optimizer state, library workspaces, compiled
     kernels). They run on a side stream, and afterwards the agent's parameters, buffers and
-    optimiser state are put back in place, so the first replay starts from the state the agent
+    optimizer state are put back in place, so the first replay starts from the state the agent
     had: the replayed updates are the eager updates, with the same maths and a different draw
     of random numbers. Batches are copied into the captured input buffers (fixed B and T)."""
 

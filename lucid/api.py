@@ -202,7 +202,7 @@ class Dreamer:
         return (rets, [e.length for e in eps]) if return_lengths else rets
 
     def save(self, path: str | Path) -> None:
-        """The agent (weights, optimisers, config, counters) in one file, for `load`; its
+        """The agent (weights, optimizers, config, counters) in one file, for `load`; its
         directory is made if missing."""
         path = Path(path).expanduser()
         if path.is_dir():

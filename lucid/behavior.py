@@ -1,4 +1,4 @@
-"""Actor, critic, λ-returns and return normalisation (paper eqs. 6-12)."""
+"""Actor, critic, λ-returns and return normalization (paper eqs. 6-12)."""
 
 from __future__ import annotations
 
@@ -207,7 +207,7 @@ class Actor(nn.Module):
 
 
 class Critic(nn.Module):
-    """v(s): two-hot logits over symlog returns, zero-initialised output, with a slow EMA copy."""
+    """v(s): two-hot logits over symlog returns, zero-initialized output, with a slow EMA copy."""
 
     def __init__(self, feat_dim: int, mcfg: ModelConfig):
         super().__init__()

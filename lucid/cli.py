@@ -1,5 +1,5 @@
 """`lucid` command line: train, eval, config, check, dream, plot, report, repro. A thin
-layer over lucid.train, lucid.repro and the visualising modules (video, plot, report)."""
+layer over lucid.train, lucid.repro and the visualizing modules (video, plot, report)."""
 
 from __future__ import annotations
 
@@ -307,7 +307,7 @@ def check_cmd(env: str = typer.Argument(..., help="an env as `lucid train` takes
     typer.echo(f"ok: lucid can train on {env}")
 
 
-# --------------------------------------------------------------------------- visualising
+# --------------------------------------------------------------------------- visualizing
 
 
 def _unused(paths: list[Path]) -> list[Path]:

@@ -151,7 +151,7 @@ class TrainConfig:
     # Speed switches that keep the maths (docs/performance.md). precision "bf16": the update's
     # matmuls and convolutions run in bf16 under torch.autocast (GPU, or CPUs with bf16 units);
     # norms, GRU state, distributions, KL, two-hot losses, returns and all parameters and
-    # optimiser state stay fp32. null: chosen for the learner's device (below): bf16 on CUDA
+    # optimizer state stay fp32. null: chosen for the learner's device (below): bf16 on CUDA
     # when the update is compiled and graphed and the GPU has bf16 (eager bf16 does not beat
     # eager fp32 there: docs/performance.md), else fp32.
     precision: Optional[str] = None  # "fp32", "bf16" (autocast of the forward passes), null
@@ -166,7 +166,7 @@ class TrainConfig:
     # Accepted so that config.yaml files that name it still load: lucid no longer has C++
     # kernels of its own (their gain did not justify a compiler at run time); true warns.
     cpp_kernels: bool = False  # no effect (kept for old config.yaml files)
-    # CUDA only: capture the whole update (losses, backward passes, optimiser steps) as one
+    # CUDA only: capture the whole update (losses, backward passes, optimizer steps) as one
     # CUDA graph and replay it per batch (lucid.agent.GraphedUpdate); one process, fixed B, T.
     # Settings left null are chosen for the learner's device (config.for_device): on CUDA
     # (one process) the update compiled, in bf16 and captured as one graph, over dense

@@ -6,7 +6,7 @@
 Every rank is a full learner: its own envs (or Ray runners) and replay, seeded by rank, and its
 own batch of `train.batch_size` windows (the batch size is per learner, as RLlib's
 `batch_size_B_per_learner`; the global batch is G·B). The agent's three losses keep their own
-backward passes and optimisers (with `train.replay_value_grad`, the world model's and the
+backward passes and optimizers (with `train.replay_value_grad`, the world model's and the
 critic's share one backward pass); between each backward and the gradient clipping of each
 component, `Agent.grad_sync` averages that component's gradients over the ranks (one all-reduce of
 flattened buckets), together with the loss, so that the norm, the clipping and the skip of a
@@ -30,7 +30,7 @@ import torch.distributed as dist
 from .device import resolve_device
 
 # torch._dynamo is imported here, before any process group exists: imported after
-# init_process_group (as the first optimiser or torch.compile does), it keeps references to
+# init_process_group (as the first optimizer or torch.compile does), it keeps references to
 # the default group, so destroy_process_group cannot free it and gloo's threads run on into
 # the interpreter's exit, where a rank can abort ("terminate called without an active
 # exception"; torch 2.13, seen once in CI).

@@ -108,7 +108,7 @@ class LearningRun:
         if agent is not None:  # made as this one was (the same draws: runs repeat by seed)
             made = agent
             learn_as_chosen(agent, given, self.cfg)
-        made.check_optimisers()  # a network assigned after the optimisers would never train
+        made.check_optimizers()  # a network assigned after the optimizers would never train
         return made
 
     def _restore(self, payload: dict, path: Path) -> None:

@@ -2,7 +2,7 @@
 
 Each concept has exactly one definition here: symlog/symexp, two-hot over 255 bins,
 unimix categoricals with straight-through samples, KL between factorised categoricals,
-the LayerNorm+SiLU dense block, the normalised GRU, and the image encoder/decoder.
+the LayerNorm+SiLU dense block, the normalized GRU, and the image encoder/decoder.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def dense_for(module: nn.Module, x: torch.Tensor | OneHotCat) -> torch.Tensor | 
     return x.to_dense() if isinstance(x, OneHotCat) and not isinstance(module, (MLP, Head)) else x
 
 
-# --------------------------------------------------------------------------- initialisation
+# --------------------------------------------------------------------------- initialization
 
 
 def init_trunc_normal_(weight: torch.Tensor, fan_in: int, fan_out: int, scale: float = 1.0):
@@ -239,7 +239,7 @@ def linear(in_dim: int, out_dim: int, bias: bool = True, zero: bool = False) -> 
 
 
 class LayerNorm(nn.LayerNorm):
-    """nn.LayerNorm (same parameters and state_dict keys) that always normalises in fp32: with
+    """nn.LayerNorm (same parameters and state_dict keys) that always normalizes in fp32: with
     `train.precision=bf16` the matmuls before it run in bf16 under autocast, and the norm
     (and what follows it up to the next matmul: activations, GRU gates) stays fp32. A no-op
     cast in fp32."""
@@ -269,7 +269,7 @@ class MLP(nn.Module):
 
 
 class Head(nn.Module):
-    """MLP followed by an output layer (with bias); `zero` zero-initialises the output.
+    """MLP followed by an output layer (with bias); `zero` zero-initializes the output.
 
     `pad_to` (the agent sets it for the 255-bin heads, `train.pad_bins`): logits for a
     softmax come back padded to a multiple of `pad_to` columns, the extra ones -inf, i.e.

@@ -118,7 +118,7 @@ def group_runs(runs: Sequence[Run], names: Sequence[str] | None = None
     """Group runs by config (ignoring IGNORED_KEYS) and label each group, with its number of
     seeds, by `names` (one per group in the order of their first runs) or else by the config
     keys that differ between groups: the env's name first, then the run.tag itself
-    ("untagged" for ""), then `key=value`, three at most. One group is labelled by its env
+    ("untagged" for ""), then `key=value`, three at most. One group is labeled by its env
     and its tag, if any; groups that three keys leave alike, by every differing key."""
     groups: dict[tuple, list[Run]] = {}
     for r in runs:
@@ -262,16 +262,16 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_ste
     groups = group_runs(runs, labels)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (label, members) in enumerate(groups.items()):
-        colour = f"C{i % 10}"
+        color = f"C{i % 10}"
         grid, mean, low, high, count = group_curve(members, x, window, band=band, y=y)
         if len(grid):  # a lone point (one logged row) as a marker: a line would not show
-            ax.plot(grid, mean, color=colour, label=label, marker="o" if len(grid) == 1 else None)
+            ax.plot(grid, mean, color=color, label=label, marker="o" if len(grid) == 1 else None)
             if len(members) > 1:
-                ax.fill_between(grid, low, high, color=colour, alpha=0.2, linewidth=0)
+                ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
         ex = [r for m in members for r in m.eval_rows if r.get("policy", "greedy") == "greedy"]
         if ex and y in EPISODE_KEYS:
             points = eval_points(ex, x, y)
-            ax.plot([p[0] for p in points], [p[1] for p in points], "o", color=colour,
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o", color=color,
                     markersize=4, markerfacecolor="white", label=f"{label}: eval")
     ax.set_xlabel("environment steps" if x == "env_steps" else "wall time (s)")
     ax.set_ylabel(f"episode {y} (mean of last {window})" if y in EPISODE_KEYS else y)

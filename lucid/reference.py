@@ -285,15 +285,15 @@ def plot(result: dict, out: str | Path) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ref = result["reference"]
-    for key, label, colour in (("authors", f"authors {ref['year']} ({ref['seeds']} seeds)",
+    for key, label, color in (("authors", f"authors {ref['year']} ({ref['seeds']} seeds)",
                                 "tab:gray"),
                                ("lucid", f"lucid ({len(result['runs'])} seeds)", "tab:blue")):
         c = result["curves"][key]
         x = np.array(c["env_steps"], float)
         mean, lo, hi = (np.array([np.nan if v is None else v for v in c[k]], float)
                         for k in ("mean", "min", "max"))
-        ax.plot(x, mean, color=colour, label=label)
-        ax.fill_between(x, lo, hi, color=colour, alpha=0.2, linewidth=0)
+        ax.plot(x, mean, color=color, label=label)
+        ax.fill_between(x, lo, hi, color=color, alpha=0.2, linewidth=0)
     for r in result["rows"]:
         if r["lucid"]["mean"] is not None:
             ax.plot(r["env_steps"], r["lucid"]["mean"], "o", color="tab:blue", markersize=4)

@@ -286,7 +286,7 @@ class ReplayGroup(_Locked):
     clocks (lucid.ray_runners). Part i holds runner i's env streams with its own write
     position, so a runner that is slow, dead or restarted never holds the others back.
     `sample(B, T)` draws each window uniformly over all windows of all parts (O(B·T)).
-    For the visualising tools (`count`, `per_env`, `pos`, `data`, `num_envs`) the group looks
+    For the visualizing tools (`count`, `per_env`, `pos`, `data`, `num_envs`) the group looks
     like its fullest part."""
 
     def __init__(self, parts: list[Replay], seed: int = 0):

@@ -244,7 +244,7 @@ def _against_authors(run_dir: Path) -> list[str]:
 
 def finish_run(trainer, writer=None, videos: bool = True, horizon: int = 45
                ) -> dict[str, Path]:
-    """End-of-run artefacts for the training loop: RUN_DIR/curves.png, an evaluation video and
+    """End-of-run artifacts for the training loop: RUN_DIR/curves.png, an evaluation video and
     an open-loop dream video in RUN_DIR/videos/ (also added to TensorBoard through `writer`),
     and RUN_DIR/report.html. A failure here only warns: it never costs a finished run."""
     run_dir = Path(trainer.run_dir)
@@ -258,6 +258,6 @@ def finish_run(trainer, writer=None, videos: bool = True, horizon: int = 45
     for name, fn in steps:
         try:
             out.update(fn())
-        except Exception as exc:  # noqa: BLE001 - artefacts are a courtesy, the run is done
+        except Exception as exc:  # noqa: BLE001 - artifacts are a courtesy, the run is done
             warn(f"could not write the run's {name}: {type(exc).__name__}: {exc}")
     return out

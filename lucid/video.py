@@ -32,9 +32,11 @@ from .plot import pyplot, save_figure
 from .seeds import video_seed
 from .warn import warn
 
-CONTEXT_COLOUR = (40, 170, 60)  # bar under a row while the model still sees observations
-DREAM_COLOUR = (200, 50, 50)  # bar under a row while it dreams
+CONTEXT_COLOR = (40, 170, 60)  # bar under a row while the model still sees observations
+DREAM_COLOR = (200, 50, 50)  # bar under a row while it dreams
 BAR = 4  # pixel height of that bar
+LABEL_H = 18  # pixel height of the strip of column labels above a dream's panels
+PANEL_MIN = 192  # image panels are scaled up (nearest neighbour) to at least this many pixels
 
 
 # --------------------------------------------------------------------------- files
@@ -352,23 +354,29 @@ class OpenLoop:
         return np.abs(t - p)
 
     def frames(self, renderer: StateRenderer | None = None, key: str | None = None,
-               rows: int | None = None) -> np.ndarray:
+               rows: int | None = None, labels: bool = True, scale: int | None = None
+               ) -> np.ndarray:
         """Video frames (T, H', W', 3): for every batch row (stacked downwards) the panels
         truth | prediction | error, with a bar under the row: green while the model observes,
-        red while it dreams. Image keys are used directly; vector observations need a
-        `renderer` (StateRenderer) that draws them."""
+        red while it dreams; above them (`labels`) a strip naming the columns and the phase.
+        Image keys are used directly, scaled up `scale` times (default: to at least PANEL_MIN
+        pixels a side; every pixel kept); vector observations need a `renderer`
+        (StateRenderer) that draws them."""
         if key is None:
             key = self.images[0] if self.images else (self.vectors[0] if self.vectors else None)
         if key in self.images:
             truth, pred = self.truth[key], self.pred[key]
             truth = np.stack([[to_rgb(f) for f in row] for row in truth])
             pred = np.stack([[to_rgb(f) for f in row] for row in pred])
+            scale = scale or max(1, math.ceil(PANEL_MIN / min(truth.shape[2:4])))
         else:
             if renderer is None:
                 raise ValueError("vector observations need a StateRenderer to become frames "
                                  "(or plot them with lucid.video.plot_open_loop)")
             truth = renderer.render_many(self.truth[key])
             pred = renderer.render_many(self.pred[key])
+        if scale and scale > 1:
+            truth, pred = (x.repeat(scale, axis=2).repeat(scale, axis=3) for x in (truth, pred))
         err = np.abs(truth.astype(np.int16) - pred.astype(np.int16)).astype(np.uint8)
         B, T, H, W, _ = truth.shape
         rows = min(rows or B, B)
@@ -378,9 +386,34 @@ class OpenLoop:
             out[:, y:y + H, :W] = truth[b]
             out[:, y:y + H, W:2 * W] = pred[b]
             out[:, y:y + H, 2 * W:] = err[b]
-            out[:self.context, y + H:y + H + BAR] = CONTEXT_COLOUR
-            out[self.context:, y + H:y + H + BAR] = DREAM_COLOUR
-        return out
+            out[:self.context, y + H:y + H + BAR] = CONTEXT_COLOR
+            out[self.context:, y + H:y + H + BAR] = DREAM_COLOR
+        if not labels:
+            return out
+        strips = np.stack([_label_strip(W, dreaming=t >= self.context) for t in range(T)])
+        return np.concatenate([strips, out], axis=1)
+
+
+def _label_strip(width: int, dreaming: bool) -> np.ndarray:
+    """The LABEL_H-pixel strip above three panels of `width`: "truth", "prediction
+    (observing)" in the context bar's green or "prediction (dreaming)" in the dream bar's
+    red, "|error|"."""
+    from PIL import Image, ImageDraw, ImageFont
+    img = Image.new("RGB", (3 * width, LABEL_H), (24, 24, 24))
+    draw = ImageDraw.Draw(img)
+    try:
+        font = ImageFont.load_default(size=12)
+    except TypeError:  # Pillow before 10.1: the fixed bitmap font
+        font = ImageFont.load_default()
+    labels = [("truth", (235, 235, 235)),
+              ("prediction (dreaming)" if dreaming else "prediction (observing)",
+               tuple(min(255, c + 40) for c in (DREAM_COLOR if dreaming else CONTEXT_COLOR))),
+              ("|error|", (235, 235, 235))]
+    for i, (text, color) in enumerate(labels):
+        left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+        x = i * width + max(2, (width - (right - left)) // 2)
+        draw.text((x, (LABEL_H - (bottom - top)) // 2 - top), text, fill=color, font=font)
+    return np.asarray(img)
 
 
 @torch.no_grad()

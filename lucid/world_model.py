@@ -159,7 +159,7 @@ class WorldModel(nn.Module):
         # Prior (dynamics predictor) from h alone.
         self.prior_mlp = MLP(D, U, 1)
         self.prior_out = linear(U, G * K)
-        # Sequence model: dense layer over [z, a], then the normalised GRU.
+        # Sequence model: dense layer over [z, a], then the normalized GRU.
         self.seq_in = MLP(G * K + action_dim, U, 1)
         self.gru = NormGRUCell(U, D)
         self.initial_h = nn.Parameter(torch.zeros(D))

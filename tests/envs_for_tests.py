@@ -391,23 +391,23 @@ class DescribedEnv(gym.Env):
         return np.full((8, 8, self.channels), self.t, np.uint8)  # self.t: made by reset()
 
 
-class ColourCueEnv(gym.Env):
-    """A pixel bandit: each step shows a 16x16 RGB image filled with one of `n` colours,
-    drawn uniformly and independently of everything before; the action of the colour's index
+class ColorCueEnv(gym.Env):
+    """A pixel bandit: each step shows a 16x16 RGB image filled with one of `n` colors,
+    drawn uniformly and independently of everything before; the action of the color's index
     pays 1, any other 0. `length`-step episodes, ended by truncation. A policy that does not
     read the image is right with probability exactly 1/n per step, whatever it does (the cue
     is independent of the past and of the step counter): an expected return of length / n."""
-    COLOURS = np.array([[255, 0, 0], [0, 255, 0], [0, 0, 255], [255, 255, 0]], np.uint8)
+    COLORS = np.array([[255, 0, 0], [0, 255, 0], [0, 0, 255], [255, 255, 0]], np.uint8)
 
     def __init__(self, n: int = 3, length: int = 10):
-        assert 2 <= n <= len(self.COLOURS)
+        assert 2 <= n <= len(self.COLORS)
         self.observation_space = gym.spaces.Box(0, 255, (16, 16, 3), np.uint8)
         self.action_space = gym.spaces.Discrete(n)
         self.n, self.length, self.t, self.cue = n, length, 0, 0
 
     def _obs(self):
         self.cue = int(self.np_random.integers(self.n))
-        return np.broadcast_to(self.COLOURS[self.cue], (16, 16, 3)).copy()
+        return np.broadcast_to(self.COLORS[self.cue], (16, 16, 3)).copy()
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)

@@ -1,4 +1,4 @@
-"""Behaviour tests of the world model, actor/critic losses and the Agent (world_model.py,
+"""Behavior tests of the world model, actor/critic losses and the Agent (world_model.py,
 behavior.py, agent.py), each checked against an independent computation."""
 
 from __future__ import annotations
@@ -328,7 +328,7 @@ def test_world_model_loss_terms_match_numpy():
     weighted sum, all recomputed by hand from the model's own outputs."""
     torch.manual_seed(4)
     wm = WorldModel(VEC, 2, cfg("micro").model)
-    with torch.no_grad():  # non-trivial reward head (it is zero-initialised)
+    with torch.no_grad():  # non-trivial reward head (it is zero-initialized)
         wm.reward.out.weight.normal_(0, 0.5)
         wm.post_out.weight.mul_(0.7)  # KLs on both sides of the 1-nat free bits
     batch = random_batch(DISCRETE, B=3, T=6, seed=4)
@@ -434,7 +434,7 @@ def _np_conv_s2(x, w):  # x (N, C, H, W), w (O, C, 4, 4): stride 2, padding 1, n
     return np.einsum("nchwij,ocij->nohw", win, w)
 
 
-def test_encoder_by_hand_symlog_mlp_and_cnn_of_centred_pixels():
+def test_encoder_by_hand_symlog_mlp_and_cnn_of_centered_pixels():
     """Vectors: symlog, then (Linear, LayerNorm ε=1e-3, SiLU) per layer; images: pixels/255 -
     0.5, then (4x4 stride-2 conv, LayerNorm over channels, SiLU) x 2 (16x16 to 4x4),
     flattened; both concatenated. Inputs are spread over magnitudes and the first layers' weights are
@@ -604,7 +604,7 @@ def test_free_bits_below_one_nat_give_exactly_one_and_no_gradient():
     assert wm.decoder.mlp.out.weight.grad.abs().max().item() > 0
 
 
-def test_reward_and_critic_output_layers_zero_initialised():
+def test_reward_and_critic_output_layers_zero_initialized():
     torch.manual_seed(7)
     mc = cfg("nano").model
     wm = WorldModel(VEC, 2, mc)
@@ -623,7 +623,7 @@ def test_reward_and_critic_output_layers_zero_initialised():
             assert v.abs().max().item() < 1e-6
 
 
-# --------------------------------------------------------------------------- behaviour losses
+# --------------------------------------------------------------------------- behavior losses
 
 
 def test_the_actors_unimix_is_its_own_where_model_actor_unimix_is_set():
@@ -857,7 +857,7 @@ def test_replay_value_loss_ends_episodes_where_the_stream_was_cut():
 
 
 def randomise_heads(agent: Agent):
-    """Give the zero-initialised reward and critic outputs weights, so that returns depend on
+    """Give the zero-initialized reward and critic outputs weights, so that returns depend on
     the imagined states (otherwise no gradient flows back through the dynamics at step 1)."""
     with torch.no_grad():
         for layer in (agent.wm.reward.out, agent.critic.net.out):
@@ -1143,7 +1143,7 @@ PARAM_TABLE = {
 
 
 def meta_agent(size, spaces):
-    # Parameters on the meta device: shapes only, no memory or initialisation time.
+    # Parameters on the meta device: shapes only, no memory or initialization time.
     with torch.device("meta"):
         return Agent(ObsSpec.from_space(spaces[0]), ActionSpec.from_space(spaces[1]),
                      cfg(size), device="meta")
@@ -1234,7 +1234,7 @@ def test_state_dict_round_trip():
         outs.append((a1, a2, st2.h, logits))
     for x, y in zip(*outs):
         assert torch.equal(x, y)
-    # continuing to train both from here gives identical parameters (optimiser state intact)
+    # continuing to train both from here gives identical parameters (optimizer state intact)
     for ag in (agent, fresh):
         torch.manual_seed(321)
         ag.train(random_batch(DISCRETE, seed=30))
@@ -1242,7 +1242,7 @@ def test_state_dict_round_trip():
         assert all(torch.equal(a, b) for a, b in zip(x, y))
 
 
-def test_loaded_optimisers_take_this_configs_settings_and_keep_the_saved_moments():
+def test_loaded_optimizers_take_this_configs_settings_and_keep_the_saved_moments():
     saved = make_agent(DISCRETE, seed=4, model_lr=1e-3, actor_lr=1e-3, critic_lr=1e-3)
     saved.train(random_batch(DISCRETE, seed=20))
     edited = make_agent(DISCRETE, seed=5, model_lr=2e-4, actor_lr=5e-5, critic_lr=7e-5)

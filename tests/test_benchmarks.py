@@ -56,7 +56,7 @@ def test_profile_step_lists_the_updates_operators_by_time(tmp_path):
     assert times == sorted(times, reverse=True) and times[-1] >= 0
     assert 0 < sum(o["share"] for o in ops) <= 1 + 1e-9
     names = {o["name"]: o for o in ops}
-    assert "Optimizer.step#Adam.step" in names  # three optimisers, one step each per update
+    assert "Optimizer.step#Adam.step" in names  # three optimizers, one step each per update
     assert names["Optimizer.step#Adam.step"]["calls_per_update"] == 3
     assert any(n in names for n in ("aten::mm", "aten::addmm", "aten::linear"))
     assert "ms/update" in run.stdout

@@ -609,7 +609,7 @@ def test_load_takes_config_overrides_for_what_it_learns_next(tmp_path):
 def test_learn_trains_the_dreamers_own_agent_object(tmp_path):
     """Dreamer.agent is what learn() trains, not a copy made at the first learn(): a hook
     registered before it sees the updates, and the object holds the trained weights; a
-    network swapped into it before learn() is refused as it is in a subclass (the optimiser
+    network swapped into it before learn() is refused as it is in a subclass (the optimizer
     holds the old one), not as a checkpoint that does not fit, and makes no directory."""
     small = {"train__prefill": 8, "train__batch_size": 2, "train__batch_length": 4,
              "train__train_ratio": 8}
@@ -624,7 +624,7 @@ def test_learn_trains_the_dreamers_own_agent_object(tmp_path):
     agent.close()
     swapped = _nano(CountEnv(3), run_dir=tmp_path / "swapped", **small)
     swapped.agent.actor.head = torch.nn.Linear(swapped.agent.wm.feat_dim, 2)
-    with pytest.raises(ConfigError, match=r"actor's parameters are not the ones its optimiser"
+    with pytest.raises(ConfigError, match=r"actor's parameters are not the ones its optimizer"
                                           r".*build_actor"):
         swapped.learn(12)
     assert not (tmp_path / "swapped").exists()

@@ -59,7 +59,7 @@ def _agent(obs="vector", action="discrete", device="cpu", seed=0, **train):
 def test_update_reads_nothing_back_to_the_host(obs, action, train):
     agent, batch = _agent(obs, action, **train)
     agent.wm.skip_resets = False  # as on GPUs
-    agent.train_step(batch)  # optimiser state exists from here on, as in a captured update
+    agent.train_step(batch)  # optimizer state exists from here on, as in a captured update
     batch["reward"][0, 2] = float("nan")  # a skipped step is decided on the device too
     with HostReads() as probe:
         metrics = agent.train_step(batch)
@@ -89,7 +89,7 @@ def _state(agent):
     return tensors
 
 
-@pytest.mark.parametrize("before", [0, 1])  # a fresh agent; one with optimiser state
+@pytest.mark.parametrize("before", [0, 1])  # a fresh agent; one with optimizer state
 def test_restore_undoes_warmup_updates_exactly(monkeypatch, before):
     deterministic_sampling(monkeypatch.setattr)
     warmed, batch = _agent()

@@ -87,8 +87,8 @@ def test_unknown_names_get_suggestions(monkeypatch):
         make_env("atari:")
     with pytest.raises(TypeError, match="unknown Atari option"):
         make_env("atari:Pong", grey=True)
-    with pytest.raises(TypeError, match=r"unknown DMC option\(s\) \['colour'\]; options: "):
-        make_env("dmc:walker-walk", colour=True)
+    with pytest.raises(TypeError, match=r"unknown DMC option\(s\) \['color'\]; options: "):
+        make_env("dmc:walker-walk", color=True)
     with pytest.raises(ValueError, match="obs must be 'flat' or 'dict', got 'list'"):
         make_env("dmc:walker-walk", obs="list")
     with pytest.raises(ValueError, match="'10x10'; choose one of 9x9, 11x11, 13x13, 15x15"):

@@ -1,6 +1,6 @@
 """Extending the agent (docs/extending.md): a subclass of lucid.agent.Agent named in
 `model.agent` builds its own networks, which train, checkpoint, resume and evaluate; a
-network swapped in after the optimisers were made is refused instead of silently frozen."""
+network swapped in after the optimizers were made is refused instead of silently frozen."""
 
 import re
 import textwrap
@@ -150,21 +150,21 @@ def test_a_prior_changed_in_prior_logits_reaches_every_path_and_derived_override
             type("Mine", (WorldModel,), {name: lambda self, *a: None})
 
 
-SWAPPED = r"actor's parameters are not the ones its optimiser was made over.*Agent\.build_actor"
+SWAPPED = r"actor's parameters are not the ones its optimizer was made over.*Agent\.build_actor"
 
 
-def test_a_network_swapped_in_after_the_optimisers_were_made_is_refused(tmp_path):
+def test_a_network_swapped_in_after_the_optimizers_were_made_is_refused(tmp_path):
     """At the first update of an agent at hand, and before a run starts (no directory left
     behind, one `error:` line from the CLI) for a subclass that assigns a network after
-    Agent.__init__ made the optimisers; one that only adds parameters to an optimiser
+    Agent.__init__ made the optimizers; one that only adds parameters to an optimizer
     (another param group) is not refused."""
     agent = Agent(*_spaces(), _cfg("unused"))
-    agent.actor.head = torch.nn.Linear(agent.wm.feat_dim, 2)  # the optimiser holds the old one
+    agent.actor.head = torch.nn.Linear(agent.wm.feat_dim, 2)  # the optimizer holds the old one
     batch = _batch(agent)
     with pytest.raises(ConfigError, match=SWAPPED + r".*model\.agent"):
         agent.train(batch)
     with pytest.raises(ConfigError, match=SWAPPED):
-        agent.check_optimisers()
+        agent.check_optimizers()
     (tmp_path / "late.py").write_text(textwrap.dedent("""
         import torch
         from lucid.agent import Agent
@@ -172,15 +172,15 @@ def test_a_network_swapped_in_after_the_optimisers_were_made_is_refused(tmp_path
         class LateAgent(Agent):
             def __init__(self, *args, **kw):
                 super().__init__(*args, **kw)
-                self.critic.net.extra = torch.nn.Linear(3, 3)  # after the optimisers
+                self.critic.net.extra = torch.nn.Linear(3, 3)  # after the optimizers
 
-        class MoreAgent(Agent):  # an extra parameter its world-model optimiser steps too
+        class MoreAgent(Agent):  # an extra parameter its world-model optimizer steps too
             def __init__(self, *args, **kw):
                 super().__init__(*args, **kw)
                 self.temperature = torch.nn.Parameter(torch.ones(()))
                 self.opt_wm.add_param_group({"params": [self.temperature]})
     """))
-    with pytest.raises(ConfigError, match=r"critic's parameters are not the ones its optimiser"):
+    with pytest.raises(ConfigError, match=r"critic's parameters are not the ones its optimizer"):
         Trainer(_cfg(tmp_path / "run", agent=f"{tmp_path / 'late.py'}:LateAgent"))
     assert not (tmp_path / "run").exists()
     r = CliRunner().invoke(app, ["train", "CartPole-v1", "--size", "nano", "--run-dir",
@@ -190,7 +190,7 @@ def test_a_network_swapped_in_after_the_optimisers_were_made_is_refused(tmp_path
     assert not (tmp_path / "cli").exists()
     cfg = _cfg("unused", agent=f"{tmp_path / 'late.py'}:MoreAgent")
     more = agent_class(cfg)(*_spaces(), cfg)
-    more.check_optimisers()
+    more.check_optimizers()
     more.train(_batch(more))  # the update's check too
 
 

@@ -24,7 +24,7 @@ GUARDS = {
                  "steps": 25_000, "bar": 150.0},
     "pendulum": {"preset": "cpu-control", "env": "Pendulum-v1", "train": {},
                  "steps": 20_000, "bar": -400.0},
-    "pixels": {"preset": "cpu-pixels", "env": "envs_for_tests:ColourCueEnv",
+    "pixels": {"preset": "cpu-pixels", "env": "envs_for_tests:ColorCueEnv",
                "train": {"model_lr": 1e-3, "train_ratio": 64, "batch_length": 16, "horizon": 8},
                "steps": 8_000, "bar": 8.0},
 }
@@ -87,14 +87,14 @@ def test_box_actions_learn_pendulum_through_the_dynamics(tmp_path):
 
 
 def test_pixels_learn_through_the_image_encoder(tmp_path):
-    """envs_for_tests.ColourCueEnv: 16x16 RGB images filled with one of 3 colours, drawn
-    afresh each step; the action of that colour pays 1; 10-step episodes. The image is the
+    """envs_for_tests.ColorCueEnv: 16x16 RGB images filled with one of 3 colors, drawn
+    afresh each step; the action of that color pays 1; 10-step episodes. The image is the
     only observation, so the cue reaches the policy only through the CNN encoder.
 
     Chance, exactly: the cue is independent of everything before it, so any policy that does
     not read the image is right with probability 1/3 per step, 10/3 per episode, and the mean
     of 10 episodes is Binomial(100, 1/3) / 10: P(>= 8) = 1.2e-21 per window (P(>= 5) = 4e-4).
-    Telling one colour from the other two gives 6.7 at best; the bar of 8 needs all three.
+    Telling one color from the other two gives 6.7 at best; the bar of 8 needs all three.
 
     The `cpu-pixels` preset with the GearSteer test's changes: the reward depends on the
     action (with the cue), which the world model learns slowly at the preset's learning rate

@@ -109,7 +109,7 @@ def test_twohot_values_on_bins_and_out_of_range():
     th = TwoHot()
     k = np.arange(255)
     enc = th.encode(torch.tensor(PAPER_BINS, dtype=F64)).numpy()
-    # every bin centre is (numerically) one-hot on itself
+    # every bin center is (numerically) one-hot on itself
     np.testing.assert_allclose(enc, np.eye(255), atol=1e-9)
     assert (enc.argmax(-1) == k).all()
     # clipping beyond the range: all weight on the edge bin
@@ -250,7 +250,7 @@ def test_twohot_reads_logits_padded_with_minus_inf(num_bins, low):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_twohot_mean_of_uniform_logits_is_exactly_zero(dtype):
-    # Zero-initialised reward/critic output layers give all-zero logits; with bins symmetric
+    # Zero-initialized reward/critic output layers give all-zero logits; with bins symmetric
     # about 0 the expected value is 0 exactly, so dreamed rewards and values start at exactly
     # 0 (the authors' code sums the two halves of the bins symmetrically for this reason).
     th = TwoHot()

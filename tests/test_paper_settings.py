@@ -17,7 +17,7 @@ PAPER = {
     "train.replay_capacity": 1_000_000,
     # world model: Adam lr 1e-4, eps 1e-8, clip grad global norm 1000
     "train.model_lr": 1e-4, "train.model_eps": 1e-8, "train.model_clip": 1000.0,
-    # actor / critic: Adam lr 3e-5, eps 1e-5, clip 100, each its own optimiser
+    # actor / critic: Adam lr 3e-5, eps 1e-5, clip 100, each its own optimizer
     "train.actor_lr": 3e-5, "train.actor_eps": 1e-5, "train.actor_clip": 100.0,
     "train.critic_lr": 3e-5, "train.critic_eps": 1e-5, "train.critic_clip": 100.0,
     # L_pred + 0.5 L_dyn + 0.1 L_rep, each KL clipped below at 1 nat
@@ -67,7 +67,7 @@ SUITES = {
 }
 
 # docs/presets.md, "`cpu-control`: what changes and why" and its table: a mini model,
-# B x T 8 x 32, train ratio 32, learning rates 3e-4 for all three optimisers, the replay
+# B x T 8 x 32, train ratio 32, learning rates 3e-4 for all three optimizers, the replay
 # value loss at 0.3, 1,000 prefill steps, one env; and each preset's run.steps (free here)
 CPU_CHANGES = {
     "model.size": "mini",

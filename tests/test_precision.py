@@ -68,7 +68,7 @@ def test_bf16_losses_close_to_fp32_and_state_stays_fp32(obs, action):
     for k in LOSSES:
         assert bf16[k] == pytest.approx(fp32[k], rel=2e-2, abs=1e-4), k
 
-    # Parameters, gradients' targets and optimiser state stay fp32; returns are fp32.
+    # Parameters, gradients' targets and optimizer state stay fp32; returns are fp32.
     for m in agent16.modules().values():
         for name, t in [*m.named_parameters(), *m.named_buffers()]:
             assert t.dtype == torch.float32, name

@@ -1101,7 +1101,7 @@ def test_a_clip_of_inf_is_no_clipping_and_every_preset_is_valid():
 @pytest.mark.parametrize("override,message", [
     ("=5", "override '=5' names no key"), ("train=5", "sets the whole train section"),
     ("env=[1]", "sets the whole env section; set one of its keys, env.KEY=value"),
-    # was taken, and only relabelled the config: preset: dmc-vision over none of its values
+    # was taken, and only relabeled the config: preset: dmc-vision over none of its values
     ("preset=dmc-vision", "would rename the preset, not apply it; choose it with --preset "
                           "dmc-vision"),
 ])

@@ -57,7 +57,7 @@ def _full_batch(rows):
 
 def _train_recording(agent, batch):
     """UPDATES updates on `batch`; records the three losses of every update and the
-    gradients each optimiser step uses (after any averaging, before clipping)."""
+    gradients each optimizer step uses (after any averaging, before clipping)."""
     grads, inner = [], agent.grad_sync
 
     def capture(params, loss):
@@ -160,7 +160,7 @@ def test_two_gloo_learners_match_one_learner_with_the_full_batch(tmp_path, monke
     values ~10, gradients within 7e-7 of their largest entry; we allow 1e-5). Adam divides
     each step by the root of the second moment, so the parameters differ by that relative
     error times learning-rate-sized steps: after 3 updates < 1e-7 (measured 3e-8; allowed
-    1e-6). Two different initialisations (seeds 1000 and 1001) ending bit-identical shows the
+    1e-6). Two different initializations (seeds 1000 and 1001) ending bit-identical shows the
     broadcast from rank 0."""
     _run_two_ranks(_rank_main, str(tmp_path), timeout=120)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))

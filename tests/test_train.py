@@ -87,7 +87,7 @@ def test_train_ratio_is_honoured_exactly(tmp_path, ratio, steps, expected):
             "critic/loss"} <= set(rows[-1])
 
 
-def test_resume_continues_counters_replay_and_optimisers(tmp_path):
+def test_resume_continues_counters_replay_and_optimizers(tmp_path):
     cfg = _cfg(tmp_path, train={"train_ratio": 64})
     first = Trainer(cfg)
     random.random(), np.random.random()  # as an env's own draws would move them

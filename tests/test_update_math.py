@@ -1,11 +1,11 @@
 """The assembly of one `Agent.train` update (lucid/agent.py), recomputed independently.
 
-The pieces (λ-returns, loss weights, return normalisation, actor and critic losses, heads)
+The pieces (λ-returns, loss weights, return normalization, actor and critic losses, heads)
 are unit-tested elsewhere; these tests check that `Agent._update` puts them together as
 docs/algorithm.md says. During a real update they capture the imagined trajectory (features
 of steps 0..H and the actions) and copies of the heads as they were when it was imagined,
 evaluate the heads on those features, and redo everything after that in float64 numpy loops
-that share no code with lucid's behaviour functions:
+that share no code with lucid's behavior functions:
 
 * rewards r_t = two-hot mean of the reward head at step t (t = 1..H; step 0's is unused);
 * continues c_t = [continue logit > 0] (t = 1..H), c_0 = 1 - is_terminal of the start;
@@ -47,7 +47,7 @@ BOX = ActionSpec.from_space(gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
 # Non-default constants, so that a swapped or dropped constant changes the numbers.
 GAMMA, LAM, ETA, SLOW_REG = 0.9, 0.7, 0.05, 0.4
 H = 5
-# The return normaliser's EMA before the update (as if after earlier updates): S > 1.
+# The return normalizer's EMA before the update (as if after earlier updates): S > 1.
 LOW0, HIGH0 = -3.0, 4.0
 
 
@@ -129,7 +129,7 @@ def capture_imagination(agent: Agent, monkeypatch) -> dict:
 def expected_update(rec: dict, batch: dict, act: ActionSpec, ema=(LOW0, HIGH0), unimix=0.01,
                     min_std=0.1, max_std=1.0, box_reinforce=False) -> dict:
     """Every imagination metric of the update, from the captured trajectory, in numpy;
-    `ema`: the return normaliser's (low, high) before the update; `box_reinforce`: Box
+    `ema`: the return normalizer's (low, high) before the update; `box_reinforce`: Box
     actions learn by REINFORCE (train.continuous_grad=reinforce)."""
     nets, feat = rec["nets"], rec["feat"]
     with torch.no_grad():
@@ -244,7 +244,7 @@ def test_update_metrics_match_a_numpy_recomputation_of_the_imagination(act, grad
 
 def test_the_update_runs_from_the_updated_world_model_and_a_zero_return_ema(monkeypatch):
     """Independent computation as above, with a world-model learning rate > 0 and the return
-    normaliser fresh (EMA of 0): the heads copied at imagination time are the world model's
+    normalizer fresh (EMA of 0): the heads copied at imagination time are the world model's
     after its step, and S = max(1, 0.01 (P95 - P5)) is the floor 1 here."""
     agent = make_agent(DISCRETE, seed=12, model_lr=1e-3)
     with torch.no_grad():
@@ -448,7 +448,7 @@ def test_replay_value_grad_trains_the_world_model_from_the_parameters_before_the
     gradient is that of L_wm + replay_value_scale · L_replay, where L_replay is the critic's
     replay value loss at the replayed posterior features with their gradient kept, and
     imagination runs on the world model as it was before the update (one set of parameters
-    for every loss, as with a single optimiser). Independent computation: a copy of the world
+    for every loss, as with a single optimizer). Independent computation: a copy of the world
     model taken before the update redoes its loss on the batch with the same random draws;
     the replayed λ-returns come from numpy loops (`replay_targets`); autograd of the sum
     through the copies gives the gradients the update must have used. A Box actor learns
@@ -509,7 +509,7 @@ def test_replay_value_grad_trains_the_world_model_from_the_parameters_before_the
 
 def test_a_box_actors_entropy_gradient_holds_the_imagined_states_fixed(monkeypatch):
     """The actor sees sg(feat): with the reward and critic outputs at their zero
-    initialisation (returns, values and their gradients 0), a Box actor's loss through the
+    initialization (returns, values and their gradients 0), a Box actor's loss through the
     dynamics is -mean(w_t η H[π(sg s_t)]), so its gradient is that of the entropy bonus at the
     imagined states held fixed; none reaches the actor through the states its earlier
     actions led to. Independent computation: autograd of the closed-form Normal entropy
@@ -519,7 +519,7 @@ def test_a_box_actors_entropy_gradient_holds_the_imagined_states_fixed(monkeypat
     config = make_config(model={"size": "nano"},
                          train=dict(horizon=H, gamma=GAMMA, lam=LAM, entropy=ETA,
                                     slow_critic_reg=SLOW_REG))
-    agent = Agent(VEC, BOX, config)  # reward and critic outputs as initialised: zero
+    agent = Agent(VEC, BOX, config)  # reward and critic outputs as initialized: zero
     with torch.no_grad():
         agent.wm.cont.out.weight.mul_(5.0)  # continue logits of both signs, far from 0
     rec = capture_imagination(agent, monkeypatch)
@@ -550,14 +550,14 @@ def test_a_box_actors_entropy_gradient_holds_the_imagined_states_fixed(monkeypat
 
 
 @pytest.mark.parametrize("act", [DISCRETE, BOX], ids=["discrete", "box"])
-def test_each_optimiser_steps_on_its_own_globally_clipped_gradient(act):
+def test_each_optimizer_steps_on_its_own_globally_clipped_gradient(act):
     """Independent computation: with clips far below the gradients' norms, each component's
     gradient g is recorded as backward accumulates it (before clipping); its global norm
     |g| must be the reported grad_norm, the clipped gradient is g_c = g · clip / (|g| + 1e-6),
     and the first Adam step moves every parameter by exactly -lr g_c / (|g_c| + eps)
     (m̂ = g_c, v̂ = g_c²). Unclipped, that step would be ≈ -lr sign(g): ten times as large.
     Each component has a clip and an eps of its own (train.model_clip, actor_clip,
-    critic_clip; model_eps, actor_eps, critic_eps), all different, so that one optimiser
+    critic_clip; model_eps, actor_eps, critic_eps), all different, so that one optimizer
     stepping with another's setting changes its step."""
     lr = 1e-2
     clips = {"world_model": 1e-6, "actor": 4e-6, "critic": 2e-6}

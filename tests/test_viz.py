@@ -121,7 +121,7 @@ def test_video_files_round_trip(tmp_path):
     assert np.abs(mp4[:, :33].astype(int) - frames).mean() < 8  # lossy, but the same picture
     gif = video.read_video(video.write_video(tmp_path / "a.gif", frames, fps=10))
     assert gif.shape == (7, 33, 50, 3)
-    np.testing.assert_array_equal(gif, frames)  # three exact colours survive the palette
+    np.testing.assert_array_equal(gif, frames)  # three exact colors survive the palette
     with pytest.raises(ValueError, match="mp4 or .gif"):
         video.write_video(tmp_path / "a.avi", frames)
 
@@ -289,7 +289,7 @@ def test_open_loop_image_panels_and_dream_ignores_later_observations():
     res = video.open_loop(agent, batch, context=3, horizon=5)
     truth = batch["obs"]["image"].numpy()
     assert res.truth["image"].shape == res.pred["image"].shape == (2, 8, 16, 16, 3)
-    frames = res.frames()
+    frames = res.frames(labels=False, scale=1)
     H, W, bar = 16, 16, video.BAR
     assert frames.shape == (8, 2 * (H + bar), 3 * W, 3)
     for b in range(2):
@@ -298,8 +298,8 @@ def test_open_loop_image_panels_and_dream_ignores_later_observations():
         np.testing.assert_array_equal(frames[:, y:y + H, W:2 * W], res.pred["image"][b])
         err = np.abs(truth[b].astype(int) - res.pred["image"][b].astype(int))
         np.testing.assert_array_equal(frames[:, y:y + H, 2 * W:], err)
-        assert (frames[:3, y + H] == video.CONTEXT_COLOUR).all()  # context bar
-        assert (frames[3:, y + H] == video.DREAM_COLOUR).all()  # dream bar
+        assert (frames[:3, y + H] == video.CONTEXT_COLOR).all()  # context bar
+        assert (frames[3:, y + H] == video.DREAM_COLOR).all()  # dream bar
     # Context reconstructions decode the posterior of the first 3 observations (its latents
     # are samples: the same torch seed gives the same ones).
     wm = agent.wm
@@ -370,9 +370,21 @@ def test_open_loop_defaults_limits_errors_and_the_rows_it_draws():
     vec = video.OpenLoop(1, 1, {"v": np.array([[[1.0], [2.0]]])},
                          {"v": np.array([[[3.0], [1.5]]])}, vectors=["v"])
     np.testing.assert_allclose(vec.error("v"), [[[2.0], [0.5]]])
-    one = res.frames(rows=1)
+    one = res.frames(rows=1, labels=False, scale=1)
     assert one.shape == (8, 16 + video.BAR, 3 * 16, 3)
-    np.testing.assert_array_equal(one, res.frames()[:, :16 + video.BAR])
+    np.testing.assert_array_equal(one, res.frames(labels=False, scale=1)[:, :16 + video.BAR])
+    # as videos show them: 16-pixel panels scaled 12x (to PANEL_MIN = 192; every pixel kept),
+    # under a strip naming the columns and the phase
+    shown, L, s = res.frames(), video.LABEL_H, 12
+    assert shown.shape == (8, L + 2 * (16 * s + video.BAR), 3 * 16 * s, 3)
+    plain = res.frames(labels=False, scale=1)
+    np.testing.assert_array_equal(shown[:, L:L + 16 * s:s, ::s], plain[:, :16])
+    np.testing.assert_array_equal(shown[:, L + 16 * s, ::s], plain[:, 16])  # the bar: not taller
+    strip = shown[:, :L]
+    assert strip.std() > 10  # text on the strip
+    np.testing.assert_array_equal(strip[0], strip[2])  # the same strip while it observes
+    assert (strip[2] != strip[3]).any()  # observing -> dreaming: the strip says so
+    np.testing.assert_array_equal(strip[3], strip[7])
 
 
 def test_a_video_writer_closed_by_an_error_keeps_its_frames_and_the_error(tmp_path):
@@ -425,7 +437,7 @@ def test_open_loop_cartpole_renders_dreamed_states_beside_real_ones(trainer, tmp
     np.testing.assert_allclose(res.pred["vector"][:, :4], dec, rtol=1e-5, atol=1e-6)
     renderer = video.StateRenderer("CartPole-v1", downsample=2)
     try:
-        frames = res.frames(renderer)
+        frames = res.frames(renderer)[:, video.LABEL_H:]  # (rendered states: not scaled)
         assert frames.shape == (12, 2 * (200 + video.BAR), 900, 3)
         np.testing.assert_array_equal(frames[5, :200, :300], renderer.render(truth[0, 5]))
         np.testing.assert_array_equal(frames[5, :200, 300:600],
@@ -578,7 +590,7 @@ def _synthetic_run(path, seed, overrides=(), drop=(), loss=1.0):
 
 
 def test_plot_groups_runs_by_tag_and_labels_them_by_it(tmp_path):
-    """run.tag splits groups; a group is labelled by its tag ("untagged" for ""), and a run
+    """run.tag splits groups; a group is labeled by its tag ("untagged" for ""), and a run
     from before run.tag existed is untagged."""
     base = [_synthetic_run(tmp_path / f"b{s}", s) for s in (0, 1)]
     old = _synthetic_run(tmp_path / "old", 2, drop=["run.tag"])
@@ -605,7 +617,7 @@ def test_plot_groups_runs_by_tag_and_labels_them_by_it(tmp_path):
 
 def test_plot_labels_groups_that_three_keys_leave_alike_by_every_differing_key(tmp_path):
     """Four keys differ; the first three (env, tag, then by name) are the same for two
-    groups: those two are labelled by all four, the others by three and a count."""
+    groups: those two are labeled by all four, the others by three and a count."""
     keys = ["run.tag=t", "train.actor_lr=0.001", "train.batch_size=4"]
     a = _synthetic_run(tmp_path / "a", 0, [*keys, "train.free_nats=0.5"])
     b = _synthetic_run(tmp_path / "b", 0, [*keys, "train.free_nats=2.0"])
@@ -842,7 +854,7 @@ def test_report_orders_videos_by_step_and_embeds_those_of_a_few_steps(runs, tmp_
     shown = re.findall(r"<figcaption>([^<]*\.png)</figcaption>", text)
     assert shown == [f"{k}-{s:09d}.png" for s in (1, 3, 6, 10) for k in ("eval", "dream")] \
         + ["mine.png"]
-    assert text.count('src="data:image/png') == len(shown) + 1  # and the learning curve
+    assert text.count('src="data:image/png') == len(shown) + 2  # and curve and diagnostics
     named = re.search(r"Not embedded.*?</p>", text).group(0)
     assert re.findall(r"<code>([^<]*)</code>", named)[1:] == \
         [f"{k}-{s:09d}.png" for s in (2, 4, 7) for k in ("eval", "dream")]
@@ -945,7 +957,8 @@ def test_cli_eval_video_dream_plot_report(runs, tmp_path):
     r = cli.invoke(app, ["dream", str(run), "--horizon", "6", "--context", "3", "--rows", "2",
                          "--out", str(tmp_path / "dream.gif")])
     assert r.exit_code == 0, r.output
-    assert video.read_video(tmp_path / "dream.gif").shape == (9, 2 * (200 + video.BAR), 900, 3)
+    assert video.read_video(tmp_path / "dream.gif").shape \
+        == (9, video.LABEL_H + 2 * (200 + video.BAR), 900, 3)
     for too_long in (["--horizon", "5000"], ["--context", "5000"]):  # either one: both named
         r = cli.invoke(app, ["dream", str(run), *too_long])
         assert r.exit_code == 2 and "make --context plus --horizon at most" in r.output, r.output
@@ -1041,7 +1054,7 @@ def test_finish_run_writes_curve_videos_and_report(trainer, tmp_path):
     assert (run / "report.html").read_text().count("<video") == 2  # the ones made before
 
 
-def test_an_end_of_run_artefact_that_fails_only_warns(tmp_path):
+def test_an_end_of_run_artifact_that_fails_only_warns(tmp_path):
     """finish_run never raises: here the curve and the report cannot be made (an empty
     directory), each failure is a warning and nothing is returned."""
     from types import SimpleNamespace

@@ -5,7 +5,7 @@ env made from it (the start-up check's, the training env's, each evaluation env'
 deep copy of it as it was given, never reset, stepped or closed. The id does not outlive its
 process: a run on an instance continues from Python with the instance given again. Runs saved
 before this module existed name instances `lucid.api:_env_instance_<n>_<Class>`, which is
-recognised too.
+recognized too.
 """
 
 from __future__ import annotations

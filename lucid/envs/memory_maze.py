@@ -1,7 +1,7 @@
 """Memory Maze (Pasukonis et al. 2022) as a gymnasium env.
 
 `memory-maze:9x9` (also 11x11, 13x13, 15x15): 64x64x3 uint8 egocentric images with the
-target colour drawn as the image border, 6 discrete actions, 4 Hz control, episodes of
+target color drawn as the image border, 6 discrete actions, 4 Hz control, episodes of
 1000/2000/3000/4000 steps (250/500/750/1000 seconds) reported as truncations.
 
 Built directly from the package's dm_env tasks (`memory_maze.tasks`), so no legacy gym
