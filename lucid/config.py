@@ -191,7 +191,7 @@ class RunConfig:
     keep_checkpoints: int = 3
     video_every: int = 0  # env steps between eval + dream videos in TensorBoard (0 = never)
     videos: bool = True  # `lucid train` ends with curves.png, videos and report.html
-    threads: int = 0  # torch CPU threads (0 = torch's default)
+    threads: int = 0  # torch CPU threads (0 = half the cores, at least 1: room for the rest)
     tune_malloc: bool = True  # glibc serves every block from its heap, reused (lucid/system.py)
     progress: bool = True
     time_limit: float = 0.0  # minutes per session (resumes get their own); 0 = no limit
@@ -483,7 +483,7 @@ def validate(cfg: Config) -> None:
         (min(cfg.run.time_limit, cfg.run.log_every) >= 0 and cfg.run.checkpoint_minutes > 0,
          "run.time_limit (0 = none) and run.log_every must be >= 0, "
          "run.checkpoint_minutes > 0"),
-        (cfg.run.threads >= 0, "run.threads must be >= 0 (0 = torch's default)"),
+        (cfg.run.threads >= 0, "run.threads must be >= 0 (0 = half the cores, at least 1)"),
         (cfg.run.eval_episodes >= 1, "run.eval_episodes must be >= 1"),
         (cfg.env.max_episode_steps is None or cfg.env.max_episode_steps >= 1,
          "env.max_episode_steps must be >= 1 (or null for the env's own limit)"),

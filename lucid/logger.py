@@ -43,6 +43,17 @@ from .io import read_jsonl
 from .warn import warn
 
 PLAIN_EVERY = 60.0  # seconds between plain progress lines when stdout is not a terminal
+SLOW_FACTOR = 3.0  # updates this many times slower than the run's best get a hint
+
+
+def machine_load() -> tuple[float, int] | None:
+    """(load average over the last minute, cores) where the load exceeds the cores this
+    process may use, i.e. runnable work is waiting for a core; else None."""
+    try:
+        load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux or macOS
+        return None
+    return (load, cores) if load > cores else None
 WANDB_EXTRA = "pip install 'lucid-rl[wandb]'"
 
 
@@ -95,6 +106,7 @@ class Logger:
         self.total_steps, self.start_steps = total_steps, start_steps
         self._last_step: int | None = None  # of the last metric row (histograms at close)
         self._rows = 0
+        self._ups_rows, self._best_ups = 0, 0.0  # rows with updates, their best rate
         self._hist: dict[str, list[float]] = {"return": [], "length": []}
         self._eval: tuple[int, str] | None = None  # (env steps, policy) of buffered eval eps
         self._eval_eps: list[dict] = []
@@ -252,16 +264,30 @@ class Logger:
             self._rows += 1
             if self.histogram_every and self._rows % self.histogram_every == 0:
                 self._histograms(step)
-        ret = row.get("episode/return_recent")
-        info = (f"upd {row['updates']}  {row.get('perf/env_steps_per_s', 0):.0f} sps  "
-                f"{row.get('perf/updates_per_s', 0):.1f} ups  "
-                f"return {'-' if ret is None else round(ret, 1)}")
+        info = self.progress_info(row)
         if self.bar is not None:
             self.bar.update(self.task, completed=step, info=info)
         elif self.plain and time.monotonic() - self._last_plain >= PLAIN_EVERY:
             self._last_plain = time.monotonic()
             total = f"/{self.total_steps:,}" if self.total_steps else ""
             print(f"[{time.strftime('%H:%M:%S')}] steps {step:,}{total}  {info}", flush=True)
+
+    def progress_info(self, row: dict) -> str:
+        """The progress line's numbers for a metric row, and a hint where updates have become
+        far slower than this run's best (from its third row on): most often another process
+        on the same cores (the machine's load says whether)."""
+        ret, ups = row.get("episode/return_recent"), row.get("perf/updates_per_s", 0)
+        info = (f"upd {row['updates']}  {row.get('perf/env_steps_per_s', 0):.0f} sps  "
+                f"{ups:.1f} ups  return {'-' if ret is None else round(ret, 1)}")
+        self._ups_rows += ups > 0
+        if self._ups_rows >= 3 and 0 < ups < self._best_ups / SLOW_FACTOR:
+            info += f"  slow: updates at {ups / self._best_ups:.0%} of this run's best"
+            if (busy := machine_load()) is not None:
+                info += (f"; the machine is busy (load {busy[0]:.1f} on {busy[1]} cores: other "
+                         f"processes take its cores; run.threads=1 shares them best)")
+        if self._ups_rows >= 2:  # (the first row's rate includes compiling and warming up)
+            self._best_ups = max(self._best_ups, ups)
+        return info
 
     # ------------------------------------------------------------------ end
 

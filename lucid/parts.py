@@ -3,6 +3,8 @@ process's settings, the replay, and (to learn) the collector of new experience."
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import torch
@@ -24,10 +26,22 @@ def resolve_ids(cfg: Config) -> None:
     cfg.model.agent = resolve_id(cfg.model.agent)
 
 
+def default_threads() -> int:
+    """`run.threads=0`: half the cores this process may use, at least 1, and no more than
+    torch would take. Every thread of an update waits for the slowest at each of its many
+    small parallel operations, so threads that must share their cores with another busy
+    process slow an update many times over; half the cores leaves room for the rest of the
+    machine (measured: docs/performance.md, benchmarks/threads.py)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(torch.get_num_threads(), cores // 2))
+
+
 def set_up_process(cfg: Config, rank: int) -> None:
     """Threads, the allocator and the random streams of this process (rank `rank`)."""
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
+    torch.set_num_threads(cfg.run.threads or default_threads())
     if cfg.run.tune_malloc:
         tune_malloc()
     seed_everything(rank_seed(cfg.run.seed, rank))

@@ -498,3 +498,22 @@ def test_wandb_mode_from_the_environment_wins_over_run_wandb_mode(tmp_path, offl
     run_id = (tmp_path / "run" / "wandb" / "run_id").read_text().strip()
     (offline,) = (tmp_path / "run" / "wandb").glob(f"offline-run-*-{run_id}")
     assert (offline / f"run-{run_id}.wandb").stat().st_size > 0
+
+
+def test_progress_says_when_updates_become_far_slower_than_the_runs_best(tmp_path,
+                                                                         monkeypatch):
+    """From the third row with updates: a rate under a third of the best so far gets a hint,
+    with the machine's load where runnable work waits for a core (another process)."""
+    import lucid.logger
+    log = Logger(tmp_path / "run", tensorboard=False, progress=False)
+    row = lambda ups: {"env_steps": 1, "updates": 1, "perf/updates_per_s": ups}  # noqa: E731
+    monkeypatch.setattr(lucid.logger, "machine_load", lambda: None)
+    infos = [log.progress_info(row(u)) for u in (30.0, 8.0, 8.5, 7.9, 2.5)]
+    assert not any("slow" in i for i in infos[:4]), infos  # the first row's rate is not a best
+    assert infos[4].endswith("slow: updates at 29% of this run's best"), infos[4]
+    monkeypatch.setattr(lucid.logger, "machine_load", lambda: (3.1, 2))
+    assert log.progress_info(row(1.0)).endswith(
+        "slow: updates at 12% of this run's best; the machine is busy (load 3.1 on 2 cores: "
+        "other processes take its cores; run.threads=1 shares them best)")
+    assert "slow" not in log.progress_info(row(3.0))  # within a third of the best again
+    log.close()

@@ -118,3 +118,28 @@ def test_trainer_applies_it_only_when_configured(tmp_path):
         out = run_grouped([sys.executable, "-c", code, flag], timeout=300)
         assert out.returncode == 0, out.stderr
         assert out.stdout.split()[-1] == expect
+
+
+def test_the_default_threads_leave_half_the_cores_to_the_rest_of_the_machine(monkeypatch):
+    """run.threads=0: half the cores this process may use, at least one, never more than
+    torch would take (torchrun's OMP_NUM_THREADS=1 stays 1); a number is taken as given."""
+    import os
+    import torch
+    from lucid.config import make_config
+    from lucid.parts import default_threads, set_up_process
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(16)
+        for cores, want in ((1, 1), (2, 1), (3, 1), (8, 4), (64, 16)):
+            monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))
+            assert default_threads() == want, cores
+        torch.set_num_threads(1)
+        assert default_threads() == 1
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+        torch.set_num_threads(16)
+        set_up_process(make_config("default", run={"tune_malloc": False}), 0)
+        assert torch.get_num_threads() == 4
+        set_up_process(make_config("default", run={"threads": 3, "tune_malloc": False}), 0)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
