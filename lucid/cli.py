@@ -14,7 +14,7 @@ from typing import List, NoReturn, Optional
 import typer
 
 from .config import (PRESETS, RESUME_SETTABLE, SECTIONS, SIZES, ConfigError,
-                     _suggest, make_config, to_yaml)
+                     suggest, make_config, to_yaml)
 from .seeds import eval_seed
 from .warn import raised_at
 
@@ -63,7 +63,7 @@ def _build(env: str, preset: Optional[str], size: Optional[str], steps: Optional
     if size:
         if size not in SIZES:
             raise ConfigError(f"unknown --size {size!r}; choose one of {', '.join(SIZES)}"
-                              + _suggest(size, SIZES))
+                              + suggest(size, SIZES))
         sections["model"]["size"] = size
     for key, val in (("steps", steps), ("seed", seed), ("run_dir", run_dir), ("device", device)):
         if val is not None:

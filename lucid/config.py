@@ -79,7 +79,7 @@ class ModelConfig:
         if self.size not in SIZES:
             raise ConfigError(
                 f"unknown model.size {self.size!r}; choose one of {', '.join(SIZES)}"
-                + _suggest(self.size, SIZES)
+                + suggest(self.size, SIZES)
             )
         names = ("gru_units", "dense_units", "dense_layers", "cnn_mult", "latent_groups",
                  "latent_classes")
@@ -307,7 +307,7 @@ def logger_backends(value: Any) -> list[str]:
         if n not in LOGGERS:
             raise ConfigError(f"unknown run.logger backend {n!r}; choose from "
                               f"{', '.join(LOGGERS)} or none (several: tensorboard,wandb)"
-                              + _suggest(n, LOGGERS))
+                              + suggest(n, LOGGERS))
     return list(dict.fromkeys(names))
 
 
@@ -318,7 +318,7 @@ def _installed(module: str) -> bool:
         return False
 
 
-def _suggest(word: str, options) -> str:
+def suggest(word: str, options) -> str:
     options = list(options)
     same = [o for o in options if str(o).lower() == str(word).lower()]  # xs -> XS
     close = same or difflib.get_close_matches(str(word), options, n=1, cutoff=0.5)
@@ -340,7 +340,7 @@ def make_config(preset: str = "default", overrides: list[str] | dict | None = No
     """Build a validated config: dataclass defaults <- preset <- sections <- dotlist overrides."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}"
-                          + _suggest(preset, PRESETS))
+                          + suggest(preset, PRESETS))
     base = OmegaConf.structured(Config)
     layers = [PRESETS[preset], {"preset": preset}, sections]
     if isinstance(overrides, dict):
@@ -378,7 +378,7 @@ def make_config(preset: str = "default", overrides: list[str] | dict | None = No
         except (ConfigKeyError, ConfigAttributeError) as exc:
             key = getattr(exc, "full_key", None) or str(exc)
             raise ConfigError(f"unknown config key {key!r}"
-                              + _suggest(key, _all_keys(base))
+                              + suggest(key, _all_keys(base))
                               + "; list them all with `lucid config`") from None
         except ValidationError as exc:
             if not exc.full_key:  # a whole section given a value (Dreamer(train=[...]), a dict)
@@ -624,7 +624,7 @@ def from_yaml(text: str, where: str = "config file") -> Config:
         key = getattr(exc, "full_key", None) or str(exc).splitlines()[0]
         raise ConfigError(f"config file does not match this version of lucid: {where} has the "
                           f"key {key!r}, which this version does not know"
-                          + _suggest(key, _all_keys(base)) + "; remove it there, or use the "
+                          + suggest(key, _all_keys(base)) + "; remove it there, or use the "
                           "version that wrote it") from None
     except ValidationError as exc:  # a hand edit: train.batch_size: abc, or train: 5
         what = f"config key {exc.full_key!r}" if exc.full_key else "a config section"

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 import yaml
 
-from .config import RESUME_SETTABLE, Config, _suggest, as_dict, flatten
+from .config import RESUME_SETTABLE, Config, suggest, as_dict, flatten
 from .io import read_jsonl
 
 # Keys that do not change what a run learns: runs differing only in these are seeds of one
@@ -258,7 +258,7 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_ste
     if y not in EPISODE_KEYS and not any(len(r.series(y)[0]) for r in runs):
         keys = plottable_keys(runs)
         raise ValueError(f"no run has logged {y!r} (in metrics.jsonl) yet"
-                         f"{_suggest(y, keys)}; plot one of: {', '.join(keys)}")
+                         f"{suggest(y, keys)}; plot one of: {', '.join(keys)}")
     groups = group_runs(runs, labels)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (label, members) in enumerate(groups.items()):
