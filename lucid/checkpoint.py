@@ -247,11 +247,22 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
     return payload
 
 
+def _is_text(head: bytes) -> bool:
+    """Whether a file's first bytes are text (UTF-8, a README with a "×" in it too; a
+    character cut at the end counts), not a checkpoint's zip or pickle bytes."""
+    if not head or b"\x00" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start >= len(head) - 3 and exc.reason == "unexpected end of data"
+    return all(b >= 32 or b in b"\t\r\n\f" for b in head)
+
+
 def _unreadable(path: Path, exc: Exception) -> str:
     """Why `path` is no checkpoint: a text file (given by mistake) is named as one; anything
     else that torch cannot read is cut off or damaged."""
-    head = path.read_bytes()[:512]
-    if head and all(32 <= b < 127 or b in b"\t\r\n" for b in head):
+    if _is_text(path.read_bytes()[:512]):
         return (f"{path} is a text file, not a lucid checkpoint: give a file that Dreamer.save "
                 f"wrote, or a run directory (its checkpoints/*.pt)")
     first = str(exc).split(". ")[0].strip() or type(exc).__name__

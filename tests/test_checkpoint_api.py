@@ -33,6 +33,10 @@ def test_malicious_checkpoint_runs_nothing(tmp_path):
     with pytest.raises(ValueError, match=r"train.py is a text file, not a lucid checkpoint: "
                                          r"give a file that Dreamer.save wrote"):
         load_checkpoint(text)
+    readme = tmp_path / "README.md"  # text beyond ASCII (a README with 32×32 in it)
+    readme.write_text("# lucid\n\nan RSSM with 32×32 categorical latents " * 20)
+    with pytest.raises(ValueError, match=r"README.md is a text file, not a lucid checkpoint"):
+        load_checkpoint(readme)
     with pytest.raises(FileNotFoundError, match=r"cannot write .*x.pt: the directory .*missing "
                                                 r"does not exist"):
         atomic_torch_save({}, tmp_path / "missing" / "x.pt")
