@@ -105,3 +105,28 @@ def test_update_gives_the_recorded_metrics_and_parameters(case, monkeypatch):
     assert sorted(got["param_abs_sums"]) == sorted(want["param_abs_sums"])
     for k, v in want["param_abs_sums"].items():
         assert got["param_abs_sums"][k] == pytest.approx(v, rel=1e-5), k
+
+
+def test_a_run_written_before_the_floors_loads_and_resumes(tmp_path):
+    """tests/data/run-before-floors: a nano CartPole run (config.yaml, checkpoint, replay)
+    written by the commit before the code moved into floors (00607ad^). It loads to act with
+    the checkpoint's weights, and resumes where it stopped."""
+    import shutil
+    from lucid.acting import load_to_act
+    from lucid.checkpoint import load_latest
+    from lucid.train import Trainer
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "data" / "run-before-floors", run)
+    payload, _ = load_latest(run)
+    view = load_to_act(run)
+    saved, now = payload["agent"]["modules"], view.agent.state_dict()["modules"]
+    assert set(now) == set(saved)
+    for module, params in saved.items():
+        for name, value in params.items():
+            assert torch.equal(now[module][name], value), (module, name)
+    assert view.counters["env_steps"] == 60 and view.replay.stored == 60
+    assert len(view.evaluate(1)) == 1
+    with Trainer(make_config("default", run={"steps": 80}), run, resume=True) as tr:
+        assert tr.counters["updates"] == payload["counters"]["updates"]
+        tr.run()
+        assert tr.counters["env_steps"] == 80 and tr.counters["updates"] > 20
