@@ -35,6 +35,7 @@ from .envs import env_fn
 from .envs.checks import spaces_of
 from .runner import Collector, EnvError, Episode, restarting
 from .seeds import runner_seed
+from .warn import warn
 
 
 def _ray():
@@ -198,10 +199,9 @@ class RayCollector:
         if self._repeats[1] >= REPEATS_FATAL and _raised(exc):
             raise EnvError(f"Ray env runners failed {REPEATS_FATAL} times in a row with the "
                            f"same error, which a new runner does not cure: {cause}") from exc
-        print(f"warning: Ray env runner {i} died ({cause.splitlines()[0][:300]}); "
-              f"its in-flight chunk of {self.per_runner}x{self.chunk} steps is dropped and "
-              f"a new runner takes its place ({self.runner_restarts}/"
-              f"{self.cfg.run.max_runner_restarts})", flush=True)
+        warn(f"Ray env runner {i} died ({cause.splitlines()[0][:300]}); its in-flight "
+             f"chunk of {self.per_runner}x{self.chunk} steps is dropped and a new runner "
+             f"takes its place ({self.runner_restarts}/{self.cfg.run.max_runner_restarts})")
         try:
             ray.kill(self.runners[i])
         except Exception:  # noqa: BLE001 - already gone

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .checkpoint import atomic_write
+from .warn import warn
 
 FLAGS = ("is_first", "is_last", "is_terminal")
 _CHUNK = re.compile(r"chunk-(\d+)-(\d+)\.npz$")
@@ -266,8 +267,8 @@ class Replay(_Locked):
     def _unreadable(self, path: Path, exc: Exception, set_aside: bool) -> None:
         if set_aside:
             path.replace(path.with_name(path.name + ".corrupt"))
-        print(f"warning: replay chunk {path.name} is unreadable ({exc}); it is left out of "
-              f"the restored replay" + (" and renamed to *.corrupt" if set_aside else ""))
+        warn(f"replay chunk {path.name} is unreadable ({exc}); it is left out of the "
+             f"restored replay" + (" and renamed to *.corrupt" if set_aside else ""))
 
     def _check(self, path, arrays: dict) -> dict:
         for k, a in self.data.items():

@@ -56,6 +56,8 @@ class Restarting(gym.Wrapper):
                            f"env.max_restarts={self.max_restarts} times; last error: "
                            f"{type(exc).__name__}: {exc}" + (f" (at {at})" if at else "")
                            + hint) from exc
+        # printed, not warned: this runs in AsyncVectorEnv's worker processes too, where
+        # lucid's one-line display of its warnings is not installed
         print(f"warning: the environment raised in {where} ({type(exc).__name__}: {exc}); "
               f"restarting it ({self.restarts}/{self.max_restarts})", flush=True)
         try:
