@@ -1,4 +1,4 @@
-"""`lucid` command line: train, eval, config, check, dream, plot, report, repro. A thin
+"""`lucid` command line: train, eval, config, check, dream, plot, report, export, repro. A thin
 layer over lucid.train, lucid.repro and the visualizing modules (video, plot, report)."""
 
 from __future__ import annotations
@@ -448,6 +448,31 @@ def report_cmd(run_dir: str = typer.Argument(..., help="a run directory"),
     except (FileNotFoundError, ValueError) as exc:
         _fail(exc)
     typer.echo(str(path))
+
+
+@app.command("export")
+def export_cmd(run_dir: str = typer.Argument(..., help="a run directory, or an agent file "
+                                                       "from Dreamer.save"),
+               out: str = typer.Option("policy.onnx", help="the ONNX file to write (its "
+                                       "description goes beside it, .json)"),
+               export_format: str = typer.Option("onnx", "--format", help="onnx")):
+    """Export the greedy policy step of RUN_DIR's newest checkpoint as one ONNX graph: raw
+    observations and the recurrent state in, env actions and the next state out
+    (docs/deploy.md; examples/run_exported.py runs it with onnxruntime and numpy only)."""
+    if export_format != "onnx":
+        _fail(f"--format must be onnx, got {export_format!r}")
+    if Path(out).suffix.lower() != ".onnx":
+        _fail(f"--out must end in .onnx, got {out!r}")
+    import importlib.util
+    if importlib.util.find_spec("onnxscript") is None:  # torch.onnx's exporter needs it
+        _fail("lucid export needs the packages onnx and onnxscript: pip install "
+              "'lucid-rl[export]' (from a checkout: pip install -e '.[export]')")
+    from .export import export_onnx
+    run = _load_run(run_dir, file_ok=True)
+    path = export_onnx(run.agent, run.obs_spec, run.act_spec, out,
+                       meta={"env": run.cfg.env.id, "preset": run.cfg.preset,
+                             "env_steps": run.counters["env_steps"]})
+    typer.echo(json.dumps({"onnx": str(path), "description": str(path.with_suffix(".json"))}))
 
 
 @app.command("repro", context_settings={"allow_extra_args": True,
