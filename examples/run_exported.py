@@ -29,6 +29,7 @@ class Policy:
         self.session = onnxruntime.InferenceSession(str(path),
                                                     providers=["CPUExecutionProvider"])
         self.obs_inputs = [i for i in self.info["inputs"] if i["name"].startswith("obs")]
+        self.noise = next((i for i in self.info["inputs"] if i["name"] == "noise"), None)
         self.state_shapes = {i["name"]: i["shape"][1:] for i in self.info["inputs"]
                              if i["name"] in ("h", "z", "action")}
         self.outputs = [o.name for o in self.session.get_outputs()]
@@ -54,6 +55,11 @@ class Policy:
         feeds.update(zip(("h", "z", "action"), self.state))
         feeds["is_first"] = np.full((n,), first, bool)
         feeds["u"] = self.rng.random((n, groups, 1), dtype=np.float32)
+        if self.noise is not None:  # a sampled policy: uniforms, then normals
+            cats = self.rng.random((n, self.noise["uniform"]), dtype=np.float32)
+            eps = self.rng.standard_normal((n, self.noise["normal"]), dtype=np.float32)
+            feeds["noise"] = cats[..., None] if not self.noise["normal"] else \
+                np.concatenate([cats, eps], -1)
         out = dict(zip(self.outputs, self.session.run(None, feeds)))
         self.state = [out["h_next"], out["z_next"], out["action_next"]]
         acts = {}

@@ -455,8 +455,10 @@ def export_cmd(run_dir: str = typer.Argument(..., help="a run directory, or an a
                                                        "from Dreamer.save"),
                out: str = typer.Option("policy.onnx", help="the ONNX file to write (its "
                                        "description goes beside it, .json)"),
-               export_format: str = typer.Option("onnx", "--format", help="onnx")):
-    """Export the greedy policy step of RUN_DIR's newest checkpoint as one ONNX graph: raw
+               export_format: str = typer.Option("onnx", "--format", help="onnx"),
+               sampled: bool = typer.Option(False, help="sample the actor's actions from a "
+                                            "`noise` input, not its mode")):
+    """Export the policy step (greedy unless --sampled) of RUN_DIR's newest checkpoint as one ONNX graph: raw
     observations and the recurrent state in, env actions and the next state out
     (docs/deploy.md; examples/run_exported.py runs it with onnxruntime and numpy only)."""
     if export_format != "onnx":
@@ -471,7 +473,7 @@ def export_cmd(run_dir: str = typer.Argument(..., help="a run directory, or an a
     run = _load_run(run_dir, file_ok=True)
     path = export_onnx(run.agent, run.obs_spec, run.act_spec, out,
                        meta={"env": run.cfg.env.id, "preset": run.cfg.preset,
-                             "env_steps": run.counters["env_steps"]})
+                             "env_steps": run.counters["env_steps"]}, sampled=sampled)
     typer.echo(json.dumps({"onnx": str(path), "description": str(path.with_suffix(".json"))}))
 
 

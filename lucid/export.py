@@ -20,7 +20,9 @@ deterministic=True)` for a batch of N envs (N free):
 The observation preprocessing (one-hot of discrete leaves, casts, image scaling) and the
 action postprocessing (argmax per categorical, Box rescaling into the bounds) are inside the
 graph, so a consumer feeds raw observations and gets env-ready actions
-(examples/run_exported.py: onnxruntime and numpy only). Greedy actions only.
+(examples/run_exported.py: onnxruntime and numpy only). Greedy actions, or with
+`sampled` samples of the actor from one more input, `noise` (N, groups, 1) uniforms of its
+categoricals, (N, A) normals of its Box dimensions, or both side by side (N, groups + A).
 """
 
 from __future__ import annotations
@@ -49,10 +51,10 @@ def _name(prefix: str, key: str) -> str:
 class PolicyStep(nn.Module):
     """One greedy policy step from raw observations to env actions (see the module's text)."""
 
-    def __init__(self, agent, obs_spec: ObsSpec, act_spec: ActionSpec):
+    def __init__(self, agent, obs_spec: ObsSpec, act_spec: ActionSpec, sampled: bool = False):
         super().__init__()
         self.agent, self.obs_spec, self.act_spec = agent, obs_spec, act_spec
-        self.keys = obs_spec.keys()
+        self.keys, self.sampled = obs_spec.keys(), sampled
 
     def _model_obs(self, raw: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """What `ObsSpec.convert` makes of the env's leaves, as tensor operations."""
@@ -96,11 +98,12 @@ class PolicyStep(nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         k = len(self.keys)
-        raw, (h, z, action, is_first, u) = inputs[:k], inputs[k:]
+        raw, (h, z, action, is_first, u), noise = inputs[:k], inputs[k:k + 5], inputs[k + 5:]
         wm, actor = self.agent.wm, self.agent.actor
         embed = wm.encoder(self._model_obs(list(raw)))
         state, _ = wm.obs_step(State(h, z, action), embed, is_first, u=u)
-        model_action = actor.mode(actor.params(wm.feat(state.h, state.z)))
+        params = actor.params(wm.feat(state.h, state.z))
+        model_action = actor.sample(params, noise[0]) if self.sampled else actor.mode(params)
         spec = self.act_spec
         if spec.parts:
             acts = [self._env_action(part, model_action[:, where])
@@ -114,9 +117,9 @@ def _leaf_name(path: tuple) -> str:
     return "/".join(map(str, path))
 
 
-def signature(agent, obs_spec: ObsSpec, act_spec: ActionSpec) -> dict:
+def signature(agent, obs_spec: ObsSpec, act_spec: ActionSpec, sampled: bool = False) -> dict:
     """Input and output names, shapes (N for the batch) and dtypes of the exported step."""
-    wm = agent.wm
+    wm, actor = agent.wm, agent.actor
     inputs = [{"name": _name("obs", k if obs_spec.structured else ""), "key": k,
                "shape": ["N", *obs_spec.shape(k)], "dtype": str(obs_spec.dtypes[k])}
               for k in obs_spec.keys()]
@@ -125,6 +128,11 @@ def signature(agent, obs_spec: ObsSpec, act_spec: ActionSpec) -> dict:
                {"name": "action", "shape": ["N", wm.action_dim], "dtype": "float32"},
                {"name": "is_first", "shape": ["N"], "dtype": "bool"},
                {"name": "u", "shape": ["N", wm.G, 1], "dtype": "float32"}]
+    if sampled:  # Actor.noise's layout: uniforms per categorical, then normals per Box dim
+        groups, box = len(actor.groups), actor.n_box
+        shape = ["N", groups, 1] if not box else ["N", groups + box]
+        inputs.append({"name": "noise", "shape": shape, "dtype": "float32",
+                       "uniform": groups, "normal": box})
     leaves = [(path, part) for path, part in act_spec.parts] if act_spec.parts \
         else [((), act_spec)]
     outputs = []
@@ -156,22 +164,26 @@ def _searchsorted(sorted_seq, values, out_int32=False, right=False, side=None, s
 
 
 def export_onnx(agent, obs_spec: ObsSpec, act_spec: ActionSpec, out: str | Path,
-                meta: dict | None = None) -> Path:
-    """Write the greedy policy step of `agent` to `out` (ONNX) and its description to
-    `out.with_suffix(".json")`; returns `out`."""
+                meta: dict | None = None, sampled: bool = False) -> Path:
+    """Write the policy step of `agent` to `out` (ONNX) and its description to
+    `out.with_suffix(".json")`; returns `out`. Greedy (the actor's mode), or with `sampled`
+    a sample of the actor from the input `noise` (`Actor.noise`'s layout: the uniforms of
+    its categoricals, then the normals of its Box dimensions)."""
     out = Path(out)
     if out.suffix.lower() != ".onnx":
         raise ValueError(f"the exported policy's file must end in .onnx, got {str(out)!r}")
-    step = PolicyStep(agent, obs_spec, act_spec).eval()
+    step = PolicyStep(agent, obs_spec, act_spec, sampled).eval()
     for p in step.parameters():
         p.requires_grad_(False)
-    sig = signature(agent, obs_spec, act_spec)
+    sig = signature(agent, obs_spec, act_spec, sampled)
     n = 2
     init = agent.wm.initial(n)
     example = [torch.as_tensor(np.stack([_sample(obs_spec, k) for _ in range(n)]))
                for k in obs_spec.keys()]
     example += [init.h.detach().clone(), init.z.detach().clone(), init.action.detach().clone(),
                 torch.ones(n, dtype=torch.bool), torch.rand(n, agent.wm.G, 1)]
+    if sampled:
+        example.append(agent.actor.noise(n))
     batch = torch.export.Dim("N", min=1, max=65536)
     # torch.onnx's notes on its own internals (the batch axis named twice, its progress lines
     # on stdout) are not the user's business
@@ -189,7 +201,7 @@ def export_onnx(agent, obs_spec: ObsSpec, act_spec: ActionSpec, out: str | Path,
     program.save(str(out))
     from importlib.metadata import version
     info = {"format": "lucid policy step", "lucid": version("lucid-rl"), "opset": OPSET,
-            "greedy": True, **sig, "latent_groups": agent.wm.G, **(meta or {})}
+            "greedy": not sampled, **sig, "latent_groups": agent.wm.G, **(meta or {})}
     out.with_suffix(".json").write_text(json.dumps(info, indent=1))
     return out
 

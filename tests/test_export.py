@@ -38,16 +38,29 @@ def _same(graph, lucid, exact: bool) -> bool:
     return np.allclose(graph.astype(np.float64), lucid.astype(np.float64), atol=1e-4)
 
 
-def _parity(env_id: str, tmp_path, steps: int = 60, **kw) -> int:
+def _noise(actor) -> np.ndarray:
+    """What predict(deterministic=False) draws for the actor after the latent's uniforms, in
+    its order (a uniform per categorical, then normals), laid out as Actor.noise."""
+    g, box = len(actor.groups), actor.n_box
+    cats = [torch.rand(1, 1) for _ in range(g)]
+    eps = torch.randn(1, box) if box else None
+    if not box:
+        return torch.stack(cats, 1).numpy()
+    return (torch.cat([torch.cat(cats, -1), eps], -1) if g else eps).numpy()
+
+
+def _parity(env_id: str, tmp_path, steps: int = 60, sampled: bool = False, **kw) -> int:
     agent = Dreamer(env_id, size="nano", run__device="cpu", **kw)
     run = agent.trainer
-    path = export_onnx(agent.agent, run.obs_spec, run.act_spec, tmp_path / "policy.onnx")
+    path = export_onnx(agent.agent, run.obs_spec, run.act_spec, tmp_path / "policy.onnx",
+                       sampled=sampled)
     sig = json.loads(path.with_suffix(".json").read_text())
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
     assert names == [i["name"] for i in sig["inputs"]]
     wm = agent.agent.wm
-    zeros = [np.zeros((1, *s["shape"][1:]), np.float32) for s in sig["inputs"][-5:-2]]
+    state_inputs = [i for i in sig["inputs"] if i["name"] in ("h", "z", "action")]
+    zeros = [np.zeros((1, *s["shape"][1:]), np.float32) for s in state_inputs]
     env = make_env(env_id)
     obs, _ = env.reset(seed=0)
     state, carried, first, episodes = None, zeros, True, 0
@@ -55,12 +68,13 @@ def _parity(env_id: str, tmp_path, steps: int = 60, **kw) -> int:
     for t in range(steps):
         torch.manual_seed(t)
         u = torch.rand(1, wm.G, 1).numpy()
-        torch.manual_seed(t)  # predict draws the same uniforms
-        act, state = agent.predict(obs, state, deterministic=True)
+        noise = [_noise(agent.agent.actor)] if sampled else []
+        torch.manual_seed(t)  # predict draws the same random numbers
+        act, state = agent.predict(obs, state, deterministic=not sampled)
         leaves = [np.asarray(run.obs_spec.leaf(obs, k))[None] for k in run.obs_spec.keys()]
         out = dict(zip([o.name for o in sess.get_outputs()],
                        sess.run(None, dict(zip(names, leaves + carried
-                                               + [np.array([first]), u])))))
+                                               + [np.array([first]), u] + noise)))))
         carried = [out["h_next"], out["z_next"], out["action_next"]]
         got = _onnx_action(out, sig, bool(run.act_spec.parts))
         for path, part in parts:
@@ -81,11 +95,18 @@ def _parity(env_id: str, tmp_path, steps: int = 60, **kw) -> int:
     "FrozenLake-v1",                 # a Discrete observation (one-hot in the graph)
     "examples.custom_env:MyEnv",     # Dict of an image and a vector, MultiDiscrete actions
     "envs_for_tests:GearSteerEnv",   # a Dict action of a Discrete and a Box leaf
+    "envs_for_tests:ColorCueEnv",    # an image alone
 ])
 def test_the_exported_step_acts_as_predict_over_whole_episodes(env_id, tmp_path):
     episodes = _parity(env_id, tmp_path, steps=60)
     # (the carried state went through episode starts: is_first resets it in the graph)
     assert env_id not in ("CartPole-v1", "envs_for_tests:GearSteerEnv") or episodes >= 1
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1",
+                                    "envs_for_tests:GearSteerEnv"])
+def test_a_sampled_export_acts_as_predict_from_the_same_random_numbers(env_id, tmp_path):
+    _parity(env_id, tmp_path, steps=40, sampled=True)
 
 
 def test_the_description_names_inputs_outputs_and_spaces(tmp_path):
