@@ -36,13 +36,15 @@ class ActingRun:
     def __init__(self, cfg: Config, run_dir: Path | None = None,
                  loaded: tuple[dict, Path] | None = None):
         resolve_ids(cfg)
-        self.cfg, self.run_dir, self.closed = cfg, run_dir, False
+        self.run_dir, self.closed = run_dir, False
         self.device = resolve_device(cfg.run.device)
+        # one config: the settings left to the device chosen (an agent that only acts is
+        # not compiled), which is the agent's own
+        self.cfg = cfg = chosen_for(cfg, self.device, learn=False)
         self.obs_spec, self.act_spec = spaces_of(cfg)
         agent_cls = agent_class(cfg)
         set_up_process(cfg, 0)
-        self.agent = agent_cls(self.obs_spec, self.act_spec,
-                               chosen_for(cfg, self.device, learn=False), self.device)
+        self.agent = agent_cls(self.obs_spec, self.act_spec, cfg, self.device)
         self.replay = make_replay(cfg, self.obs_spec, self.act_spec, run_dir, learn=False)
         self.counters = new_counters()
         self.achievements = episode_metrics(cfg.env.id)

@@ -279,7 +279,8 @@ class Dreamer:
         self.trainer = Trainer(make_config("default", run={"steps": 0,
                                                            "device": closed.cfg.run.device}),
                                closed.run_dir, resume=True)
-        self.cfg, self.agent = self.trainer.cfg, self.trainer.agent
+        # the config as the run saves it: settings left to the device stay null
+        self.cfg, self.agent = self.trainer.saved_config(), self.trainer.agent
 
     def _start_run(self) -> None:
         """The run of an agent made or loaded to act with: a directory (run_dir, else a
@@ -303,5 +304,5 @@ class Dreamer:
         given = make_config("default", overrides=sections, run={"steps": 0, "device": device})
         self.trainer = Trainer(given, path, resume=True, env=None if env is None else _env_id(env),
                                settings=tuple(flatten(sections)))
-        self.cfg, self.agent = self.trainer.cfg, self.trainer.agent
+        self.cfg, self.agent = self.trainer.saved_config(), self.trainer.agent
         return self

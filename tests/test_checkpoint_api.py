@@ -688,3 +688,26 @@ def test_a_run_on_an_env_instance_resumes_in_the_instance_passed(tmp_path):
     with Dreamer.load(tmp_path / "run", resume=True, env=CountEnv(4)) as again:
         assert again.trainer.counters["env_steps"] == 4
         assert again.evaluate(1) == [10.0]
+
+
+def test_one_config_per_run_and_saved_files_keep_the_devices_choice_open(tmp_path):
+    """An agent made to act and a resumed run each hold one config, their agent's (the
+    settings left to the device chosen); what Dreamer saves keeps those settings null, so
+    a GPU that loads it chooses its own."""
+    from lucid.config import from_yaml
+    with Dreamer("CartPole-v1", size="nano", run__device="cpu", run_dir=tmp_path / "run",
+                 train__prefill=16) as agent:
+        acting = agent.trainer  # before learn(): a run loaded to act
+        assert acting.cfg is acting.agent.config and acting.cfg.train.onehot_gather is True
+        assert agent.cfg.train.onehot_gather is None
+        agent.learn(20)
+    again = Dreamer.load(tmp_path / "run", resume=True)
+    try:
+        assert again.trainer.cfg is again.trainer.agent.config
+        assert again.trainer.cfg.train.onehot_gather is True  # chosen for this CPU
+        assert again.cfg.train.onehot_gather is None  # as config.yaml has it
+        again.save(tmp_path / "a.pt")
+        saved = from_yaml(torch.load(tmp_path / "a.pt", weights_only=False)["config"])
+        assert saved.train.onehot_gather is None and saved.train.prefetch is None
+    finally:
+        again.close()
