@@ -65,7 +65,8 @@ class Policy:
         acts = {}
         for o in self.info["outputs"]:
             if "kind" in o:
-                a = out[o["name"]].astype(o["env_dtype"])
+                a = out[o["name"]]  # MultiBinary: true above 0.5, as lucid acts
+                a = a > 0.5 if o["env_dtype"] == "bool" else a.astype(o["env_dtype"])
                 acts[tuple(o["path"])] = a if batch else a[0]
         if list(acts) == [()]:
             return acts[()]
