@@ -458,9 +458,11 @@ def export_cmd(run_dir: str = typer.Argument(..., help="a run directory, or an a
                export_format: str = typer.Option("onnx", "--format", help="onnx"),
                sampled: bool = typer.Option(False, help="sample the actor's actions from a "
                                             "`noise` input, not its mode")):
-    """Export the policy step (greedy unless --sampled) of RUN_DIR's newest checkpoint as one ONNX graph: raw
-    observations and the recurrent state in, env actions and the next state out
-    (docs/deploy.md; examples/run_exported.py runs it with onnxruntime and numpy only)."""
+    """Export the policy step of RUN_DIR's newest checkpoint as one ONNX graph.
+
+    Raw observations and the recurrent state in, env actions and the next state out; greedy
+    unless --sampled (docs/deploy.md; examples/run_exported.py runs it with onnxruntime and
+    numpy only)."""
     if export_format != "onnx":
         _fail(f"--format must be onnx, got {export_format!r}")
     if Path(out).suffix.lower() != ".onnx":
