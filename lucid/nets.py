@@ -171,7 +171,7 @@ def categorical_index(probs: torch.Tensor, u: torch.Tensor | None = None) -> tor
     else:
         u = u.to(probs.dtype).contiguous()
     idx = torch.searchsorted(probs.cumsum(-1), u).squeeze(-1)
-    return idx.clamp_(max=probs.shape[-1] - 1)  # u above a total that rounded below 1
+    return idx.clamp(max=probs.shape[-1] - 1)  # u above a total that rounded below 1
 
 
 def unimix_index(logits: torch.Tensor, unimix: float, u: torch.Tensor) -> torch.Tensor:
@@ -191,7 +191,9 @@ def onehot_sample(logp: torch.Tensor, straight_through: bool = True,
     probs = logp.exp()
     idx = categorical_index(probs, u)
     sample = one_hot(idx, probs.shape[-1], probs.dtype)
-    if straight_through and probs.requires_grad:  # exact one-hots when no gradient is needed
+    # Exact one-hots where no gradient is recorded. Grad mode, not probs.requires_grad: under
+    # torch.func.vmap (several seeds in one update) a tensor reports no requires_grad.
+    if straight_through and torch.is_grad_enabled():
         sample = sample + probs - probs.detach()
     return sample
 

@@ -14,7 +14,7 @@ def one_hot(idx: torch.Tensor, classes: int, dtype: torch.dtype) -> torch.Tensor
     """One-hot vectors of class indices (..., classes). A scatter, unlike F.one_hot, which
     checks the index range by reading values back to the host on CPUs."""
     out = torch.zeros(*idx.shape, classes, dtype=dtype, device=idx.device)
-    return out.scatter_(-1, idx.unsqueeze(-1), 1.0)
+    return out.scatter(-1, idx.unsqueeze(-1), 1.0)  # out of place: vmap-safe (seeds)
 
 
 class OneHotCat:
@@ -109,6 +109,38 @@ def _gather_sum_backward(ctx, grad):
 
 
 gather_sum.register_autograd(_gather_sum_backward, setup_context=_gather_sum_setup)
+
+
+def _seed_first(x: torch.Tensor, dim: int | None, n: int) -> torch.Tensor:
+    return x.movedim(dim, 0) if dim is not None else x.expand(n, *x.shape)
+
+
+def _gather_sum_vmap(info, in_dims, idx, table):
+    """Several seeds (torch.func.vmap): their tables as one of n·rows rows, each seed's
+    indices offset to its own block, so one gather-sum serves all."""
+    n = info.batch_size
+    idx = _seed_first(idx, in_dims[0], n)
+    if in_dims[1] is None:
+        out = gather_sum(idx.reshape(-1, idx.shape[-1]), table)
+    else:
+        table = table.movedim(in_dims[1], 0)
+        rows = table.shape[1]
+        idx = idx + (torch.arange(n, device=idx.device) * rows).view(n, 1, 1)
+        out = gather_sum(idx.reshape(-1, idx.shape[-1]), table.reshape(n * rows, -1))
+    return out.view(n, -1, out.shape[-1]), 0
+
+
+def _gather_sum_grad_vmap(info, in_dims, idx, grad, rows):
+    n = info.batch_size
+    idx, grad = _seed_first(idx, in_dims[0], n), _seed_first(grad, in_dims[1], n)
+    idx = idx + (torch.arange(n, device=idx.device) * rows).view(n, 1, 1)
+    out = gather_sum_grad(idx.reshape(-1, idx.shape[-1]), grad.reshape(-1, grad.shape[-1]),
+                          n * rows)
+    return out.view(n, rows, -1), 0
+
+
+gather_sum.register_vmap(_gather_sum_vmap)
+gather_sum_grad.register_vmap(_gather_sum_grad_vmap)
 
 
 _OFFSETS: dict[tuple, torch.Tensor] = {}

@@ -30,11 +30,17 @@ class PaddedLinear(torch.autograd.Function):
     dropped, and the products run in the dtype the forward ran in (bf16 under autocast, as
     autocast's own linear)."""
 
+    generate_vmap_rule = True  # torch.func.vmap batches it op by op (several seeds)
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, extra: int):
+    def forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, extra: int):
+        return _padded(x, w, b, extra)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, b, _ = inputs
         ctx.save_for_backward(x, w)
         ctx.bias_dtype = b.dtype
-        return _padded(x, w, b, extra)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):

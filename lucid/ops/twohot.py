@@ -33,15 +33,22 @@ class TwoHotNLL(torch.autograd.Function):
     log-softmax backward: over the critic's imagined states x 255 bins those passes, not the
     arithmetic, are the cost."""
 
+    generate_vmap_rule = True  # torch.func.vmap batches it op by op (several seeds)
+
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, probs: torch.Tensor, lse: torch.Tensor,
+    def forward(logits: torch.Tensor, probs: torch.Tensor, lse: torch.Tensor,
                 below: torch.Tensor, w_above: torch.Tensor):
         idx = torch.stack([below, below + 1], -1)  # (n, ..., 2)
         weight = torch.stack([1.0 - w_above, w_above], -1)
-        ctx.save_for_backward(probs, idx, weight)
         n = idx.shape[0]
         picked = logits.unsqueeze(0).expand(n, *logits.shape).gather(-1, idx) - lse
         return -(weight * picked).sum(-1)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, probs, _, below, w_above = inputs
+        ctx.save_for_backward(probs, torch.stack([below, below + 1], -1),
+                              torch.stack([1.0 - w_above, w_above], -1))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
