@@ -15,7 +15,8 @@
 #      minutes, one more to compile (CUDA's defaults when the compiled bf16 test passed;
 #      else graphed in fp32 when the dense graph tests passed; else eager fp32): the env
 #      steps at which the mean of the last 10 training returns first reaches 450, if it does
-#   4. with the time left: the graph alone (bf16), a profile of the largest size's update
+#   4. with the time left: the graph alone (bf16), several seeds as one batched update
+#      (benchmarks/seeds.py: K=8 at S, K=4 at XL), a profile of the largest size's update
 #      (top operators by kernel time, eager and compiled: benchmarks/profile_step.py), eager
 #      bf16 (S, XL; vector) for the ratios, compiled + graphed in fp32 at S
 # then a summary table against the issue's targets (bf16: S <= 25 ms, XL <= 75 ms per update,
@@ -229,6 +230,17 @@ fi
 
 # ------------------------------------------------------------------ 4. if time is left
 bench graph "$END" 90 "$SIZES" --obs vector image --precision bf16 --peak-n 0 "${GRAPH[@]}"
+# several seeds as one batched update (lucid.batched, eager bf16: --seeds takes no graph or
+# compile yet): K=8 at the smallest size (target: at most 2x one seed), K=4 at the largest
+for sk in "${SIZES%% *} 8" "${SIZES##* } 4"; do
+  read -r size k <<< "$sk"
+  left=$((END - $(date +%s)))
+  [ "$left" -lt 60 ] && { log "seeds $size K=$k: skipped, ${left}s left"; continue; }
+  log "seeds $size K=$k"
+  timeout $((left - 5)) "$PY" benchmarks/seeds.py --device "$DEVICE" --sizes "$size" --k "$k" \
+    --batch "${BATCH}x${LENGTH}" --precision bf16 --threads 16 --repeats 5 \
+    --out "$OUTDIR/gpu_seeds_${size}_k$k.json"
+done
 # where the largest size's time goes: the top operators by kernel time, eager and compiled
 # (no graph: the profiler's view of a replayed graph is one launch), into the log and details
 for mode in eager compiled; do

@@ -25,6 +25,7 @@ from .envs import env_label, instances
 from .acting import ActingRun
 from .device import load_here, preset_for
 from .notes import preset_note
+from .multiseed import SeedsTrainer
 from .train import Trainer
 from .world_model import State
 from .warn import warn
@@ -56,6 +57,28 @@ def _sections(overrides: dict, call: str) -> dict:
                               f"section__key=value (e.g. train__train_ratio=64) or a dict "
                               f"per section (train={{'train_ratio': 64}})")
     return sections
+
+
+def train_seeds(env, seeds, total_env_steps: int, preset: str | None = None,
+                size: str | None = None, run_dir: str | Path | None = None,
+                **overrides: Any) -> list[Path]:
+    """Train several seeds of one config in one process, their updates batched into one
+    (`lucid train ENV --seeds ...`, docs/scaling.md). `env`, `preset`, `size` and `overrides`
+    as Dreamer's; `seeds` a list of ints. Returns the seeds' run directories
+    (RUN_DIR/seed-S), each an ordinary run: `Dreamer.load(path)` acts with its agent."""
+    sections: dict = _sections(overrides, "train_seeds")
+    sections.setdefault("env", {})["id"] = _env_id(env)
+    if size:
+        sections.setdefault("model", {})["size"] = size
+    sections.setdefault("run", {}).setdefault("progress", False)
+    sections["run"]["steps"] = int(total_env_steps)
+    preset = preset or preset_for(make_config("default", **sections))
+    st = SeedsTrainer.start(make_config(preset, **sections), [int(s) for s in seeds], run_dir)
+    try:
+        st.run()
+    finally:
+        st.close()
+    return [t.run_dir for t in st.trainers]
 
 
 class Dreamer:

@@ -71,7 +71,8 @@ def stack_batches(batches: list[dict]) -> dict:
 class BatchedAgents:
     """K agents trained as one batched update (`train(batch)` with a leading seed axis)."""
 
-    def __init__(self, agents: list[Agent], randomness: str = "different"):
+    def __init__(self, agents: list[Agent], randomness: str = "different",
+                 vmap: bool | None = None):
         if len(agents) < 1:
             raise ValueError("BatchedAgents needs at least one agent")
         first = agents[0]
@@ -89,13 +90,22 @@ class BatchedAgents:
                              "train.cuda_graph for now: set both to false")
         self.agents = agents
         self.template = first
-        # vmap cannot branch on values read back to the host (the CPU's shortcut of skipping
-        # the reset arithmetic at steps where no row starts an episode): same maths, unskipped.
-        first.wm.skip_resets = False
-        if getattr(first.wm.encoder, "cnn", None) is not None:  # vmap keeps one memory layout
-            first.wm.encoder.cnn.channels_last = False
-        # "different": each seed draws its own random numbers; "same" (tests): all seeds draw
-        # the ones a single agent would, so the update can be compared with K single ones.
+        # `vmap`: the batched update, or (False) each agent's own update in turn. Null: the
+        # device's choice. On a GPU one seed's update leaves it mostly idle, so K batched
+        # cost little more than one. On a CPU the cores are busy already; batching still
+        # gains a little at small batches, and loses at large ones, whose batched tensors
+        # outgrow the allocator's cache (docs/scaling.md, benchmarks/seeds.py).
+        self.vmap = (first.device.type == "cuda" or t.batch_size * t.batch_length <= 256) \
+            if vmap is None else vmap
+        if self.vmap:
+            # vmap cannot branch on values read back to the host (the CPU's shortcut of
+            # skipping the reset arithmetic at steps where no row starts an episode): the
+            # same maths, unskipped; and it keeps one memory layout.
+            first.wm.skip_resets = False
+            if getattr(first.wm.encoder, "cnn", None) is not None:
+                first.wm.encoder.cnn.channels_last = False
+        # "different": each seed draws its own random numbers; "same": every seed draws the
+        # numbers one agent would (all seeds then see the same noise).
         self.randomness = randomness
         self.holder = _Holder(first)
         holders = [_Holder(a) for a in agents]
@@ -167,6 +177,9 @@ class BatchedAgents:
     def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
         """One update of the K agents on a batch with a leading seed axis (`stack_batches`);
         metrics as (K,) tensors."""
+        if not self.vmap:
+            rows = [a.train_step(_row(batch, k)) for k, a in enumerate(self.agents)]
+            return {name: torch.stack([r[name] for r in rows]) for name in rows[0]}
         tm, t = self.template, self.template.config.train
         joint = tm._joint
         def world_model_loss(batch):  # the posterior states' tensors (not the last State)
@@ -223,6 +236,11 @@ class BatchedAgents:
         values = torch.stack([v.detach().float().reshape(self.k) for v in metrics.values()])
         rows = values.t().cpu().tolist()
         return [dict(zip(metrics.keys(), row)) for row in rows]
+
+
+def _row(batch: dict, k: int) -> dict:
+    """Seed k's batch of a stacked one."""
+    return {n: _row(v, k) if isinstance(v, dict) else v[k] for n, v in batch.items()}
 
 
 def _clip(agent: Agent, part: str) -> float:

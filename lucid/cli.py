@@ -128,6 +128,9 @@ def train(
                                               "start a local one)"),
     logger: Optional[str] = typer.Option(None, help="logging backends besides JSONL: "
                                          "tensorboard, wandb, tensorboard,wandb or none"),
+    seeds: Optional[str] = typer.Option(None, help="several seeds in one process, updated as "
+                                        "one batched update: 0-3 or 0,2,5 (each a run in "
+                                        "RUN_DIR/seed-S)"),
 ):
     """Train an agent. Extra arguments are config overrides: section.key=value.
 
@@ -146,6 +149,9 @@ def train(
     overrides[:0] = [f"run.{key}={val}" for key, val in (
         ("runners", runners), ("num_runners", num_runners), ("envs_per_runner", envs_per_runner),
         ("ray_address", ray_address), ("logger", logger)) if val is not None]
+    if seeds is not None or (resume and _is_multiseed(resume)):
+        return _train_seeds(env, preset, size, steps, seed, seeds, run_dir, device, resume,
+                            overrides)
     try:
         if resume:
             ignored = _not_applied_on_resume(env, overrides, preset=preset, size=size, seed=seed,
@@ -206,6 +212,65 @@ def train(
         typer.echo(f"stopped at {trainer.counters['env_steps']:,} of {trainer.cfg.run.steps:,} "
                    f"env steps: {trainer.stop_reason}")
     typer.echo(f"done: {json.dumps(trainer.counters)}")
+
+
+def _is_multiseed(run_dir: str) -> bool:
+    from .seeds import seed_dirs
+    return not (Path(run_dir) / "config.yaml").exists() and bool(seed_dirs(run_dir))
+
+
+def _train_seeds(env, preset, size, steps, seed, seeds, run_dir, device, resume,
+                 overrides) -> None:
+    """`lucid train ENV --seeds 0-3` and the resume of such a run: every seed in one process,
+    the updates batched (lucid.multiseed)."""
+    from .multiseed import SeedsTrainer
+    from .report import finish_run, write_report
+    from .runner import EnvError
+    from .seeds import parse_seeds
+    from .stops import DiskFullError, NonFiniteError
+    try:
+        if resume:
+            ignored = _not_applied_on_resume(env, overrides, preset=preset, size=size, seed=seed,
+                                             run_dir=run_dir) + (["--seeds"] if seeds else [])
+            if ignored:
+                raise ConfigError(f"--resume continues each seed with its config.yaml, so "
+                                  f"{', '.join(ignored)} would not be applied")
+            run = {"steps": steps or 0, **({"device": device} if device else {})}
+            cfg = make_config("default", overrides, run=run)
+            st = SeedsTrainer.resume(cfg, resume, tuple(o.split("=")[0] for o in overrides))
+        else:
+            if seed is not None:
+                raise ConfigError("give --seed or --seeds, not both")
+            cfg = _build(env, preset, size, steps, None, run_dir, device, overrides)
+            st = SeedsTrainer.start(cfg, parse_seeds(seeds))
+    except (ConfigError, ValueError, FileNotFoundError, TypeError, ImportError,
+            EnvError) as exc:
+        _fail(exc)
+    first = st.trainers[0]
+    typer.echo(f"run directory: {st.run_dir}  (seeds {', '.join(map(str, st.seeds))}, each in "
+               f"seed-S/; preset {first.cfg.preset}, size {first.cfg.model.size}, "
+               f"{first.cfg.run.steps} env steps each)")
+    try:
+        try:
+            st.run()
+        except (EnvError, NonFiniteError, DiskFullError) as exc:
+            _fail(exc)
+        if first.cfg.run.videos:  # curves and report per seed, and the seeds' page
+            typer.echo("writing curves.png and report.html ...", err=st.signalled is not None)
+            for t in st.trainers:
+                finish_run(t, videos=False)
+            try:
+                typer.echo(f"report: {write_report(st.run_dir)}",
+                           err=st.signalled is not None)
+            except Exception as exc:  # noqa: BLE001 - a courtesy: the runs are saved
+                typer.secho(f"could not write the seeds' report: {exc}", fg="yellow", err=True)
+        if st.signalled is not None:
+            typer.echo(f"interrupted with a checkpoint of every seed; continue with lucid "
+                       f"train --resume {st.run_dir}", err=True)
+            raise typer.Exit(128 + st.signalled)
+    finally:
+        st.close()
+    typer.echo(f"done: {json.dumps({t.cfg.run.seed: t.counters for t in st.trainers})}")
 
 
 def _load_run(run_dir: str, file_ok: bool = False):
@@ -505,7 +570,8 @@ def repro_cmd(
     and no ENV, only compares existing runs (made elsewhere or over several sessions). See
     docs/reproduction.md."""
     from .reference import NoReference, parse_steps, table
-    from .repro import parse_seeds, repro
+    from .repro import repro
+    from .seeds import parse_seeds
     overrides = list(ctx.args)
     try:
         result = repro(env, parse_seeds(seeds), steps, out, preset, overrides, parallel,

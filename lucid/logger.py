@@ -89,12 +89,14 @@ class Logger:
     the run in TensorBoard and W&B. `tensorboard=False` turns TensorBoard off whatever the
     backends say. `purge_after` (a resumed run's env steps at its checkpoint) drops the rows
     and TensorBoard events that a killed run wrote after that point, so that curves do not
-    run twice over the same steps."""
+    run twice over the same steps. `fields` lead every JSONL row (`{"seed": 3}`)."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, progress: bool = True,
                  total_steps: int = 0, start_steps: int = 0, backends: Any = None,
-                 config: Any = None, purge_after: int | None = None):
+                 config: Any = None, purge_after: int | None = None,
+                 fields: dict | None = None):
         self.run_dir = Path(run_dir)
+        self.fields = dict(fields or {})  # leading every JSONL row (the run's seed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         run_cfg = getattr(config, "run", None)
         if backends is None:
@@ -228,7 +230,7 @@ class Logger:
     # ------------------------------------------------------------------ rows
 
     def episode(self, row: dict) -> None:
-        self.episodes_f.write(json.dumps(row) + "\n")
+        self.episodes_f.write(json.dumps({**self.fields, **row}) + "\n")
         self.episodes_f.flush()
         if self.tb is None and self.wandb is None:
             return
@@ -249,7 +251,7 @@ class Logger:
             self._hist["length"].append(float(row["length"]))
 
     def metrics(self, row: dict) -> None:
-        self.metrics_f.write(json.dumps(row) + "\n")
+        self.metrics_f.write(json.dumps({**self.fields, **row}) + "\n")
         self.metrics_f.flush()
         step = row["env_steps"]
         self._last_step = step

@@ -162,7 +162,7 @@ def unimix_logits(logits: torch.Tensor, unimix: float) -> torch.Tensor:
 def categorical_index(probs: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
     """Class index sampled from Categorical(probs) over the last axis, by inverse CDF: the
     first class whose cumulative probability reaches u ~ U(0, 1), i.e. the number of classes
-    whose cumulative probability is below u (a binary search per row). `u` (..., 1) may be
+    whose cumulative probability is below u (a count per row). `u` (..., 1) may be
     drawn beforehand (`WorldModel.latent_noise`): compiled steps take their random numbers as
     inputs."""
     probs = probs.detach()
@@ -170,7 +170,8 @@ def categorical_index(probs: torch.Tensor, u: torch.Tensor | None = None) -> tor
         u = torch.rand(*probs.shape[:-1], 1, device=probs.device, dtype=probs.dtype)
     else:
         u = u.to(probs.dtype).contiguous()
-    idx = torch.searchsorted(probs.cumsum(-1), u).squeeze(-1)
+    # a count, not searchsorted: the same index, and one op that vmap batches (seeds)
+    idx = (probs.cumsum(-1) < u).sum(-1)
     return idx.clamp(max=probs.shape[-1] - 1)  # u above a total that rounded below 1
 
 

@@ -25,6 +25,7 @@ import yaml
 
 from .config import RESUME_SETTABLE, Config, suggest, as_dict, flatten
 from .io import read_jsonl
+from .seeds import seed_dirs
 
 # Keys that do not change what a run learns: runs differing only in these are seeds of one
 # config (a resumed seed with another --steps or time limit stays in its group)
@@ -87,6 +88,11 @@ def train_episodes(rows: list[dict]) -> list[dict]:
 def config_defaults() -> dict:
     """Every config key with its dataclass default, flattened ({"run.tag": "", ...})."""
     return flatten(as_dict(Config()))
+
+
+def expand_seeds(run_dirs: Sequence[str | Path]) -> list[Path]:
+    """The run directories, a multi-seed run's (`lucid train --seeds`) as its seeds' ones."""
+    return [d for r in run_dirs for d in (seed_dirs(r) or [Path(r)])]
 
 
 def load_run(run_dir: str | Path) -> Run:
@@ -229,9 +235,9 @@ def eval_points(rows: Sequence[dict], x: str = "env_steps", y: str = "return"
 
 def plottable_keys(runs: Sequence[Run]) -> list[str]:
     """What `y` can be for these runs: the episode keys, then the metrics.jsonl keys that hold
-    a number in some row (the x keys aside)."""
+    a number in some row (the x keys and the run's seed aside)."""
     logged = {k for r in runs for row in r.metrics for k, v in row.items() if _finite(v)}
-    return [*EPISODE_KEYS, *sorted(logged - set(X_KEYS))]
+    return [*EPISODE_KEYS, *sorted(logged - set(X_KEYS) - {"seed"})]
 
 
 def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_steps",
@@ -240,7 +246,8 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_ste
     """Write a PNG of `y` against `x` for `run_dirs` (one curve per config) to `out`. `y`:
     "return" or "length" of the training episodes (running mean of the last `window`; greedy
     evaluations as markers) or any numeric key of metrics.jsonl, e.g. "world_model/loss"
-    (as logged). `labels` name the curves (one per config, in the order of their first runs)."""
+    (as logged). `labels` name the curves (one per config, in the order of their first runs).
+    A multi-seed run's directory stands for its seeds' runs."""
     if x not in X_KEYS:
         raise ValueError(f"x must be one of {', '.join(X_KEYS)}, got {x!r}")
     if band not in ("minmax", "std"):
@@ -249,7 +256,7 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: str = "env_ste
         raise ValueError("no run directories given")
     plt = pyplot()
 
-    runs = [load_run(d) for d in run_dirs]
+    runs = [load_run(d) for d in expand_seeds(run_dirs)]
     if y in EPISODE_KEYS and not any(r.episodes or r.eval_rows for r in runs):
         names = ", ".join(str(r.path) for r in runs)
         raise ValueError(f"no finished episodes to plot in {names} yet (episodes.jsonl lists "

@@ -22,6 +22,7 @@ import numpy as np
 from . import reference
 from .checkpoint import atomic_write_text
 from .io import read_jsonl
+from .seeds import seed_dirs
 from .plot import plot_diagnostics, plot_runs, train_episodes
 from .warn import warn
 
@@ -111,6 +112,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
                          f"say)")
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a directory")
+    if seeds := seed_dirs(run_dir):
+        return _write_seeds_report(run_dir, seeds, out)
     if not any((run_dir / n).exists() for n in ("config.yaml", "metrics.jsonl", "episodes.jsonl")):
         raise FileNotFoundError(f"{run_dir} is not a lucid run directory (it has no "
                                 f"config.yaml, metrics.jsonl or episodes.jsonl)")
@@ -126,9 +129,9 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     s = summary(run_dir)
     parts.append(_table(list(s.items())) if s else "<p>No episodes or metrics logged yet.</p>")
 
-    parts += _learning_curve(run_dir)
+    parts += _learning_curve([run_dir])
     parts += _diagnostics(run_dir)
-    parts += _against_authors(run_dir)
+    parts += _against_authors([run_dir])
 
     videos = sorted((run_dir / "videos").glob("*")) if (run_dir / "videos").is_dir() else []
     videos = [v for v in videos if v.suffix.lower() in VIDEO_TYPES or
@@ -164,8 +167,12 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     parts.append("<h2>Config</h2>")
     parts.append(f'<pre id="config">{html.escape(config)}</pre>')
 
+    return _write_page(out, run_dir.name, parts)
+
+
+def _write_page(out: Path, name: str, parts: list[str]) -> Path:
     page = ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>lucid report: {html.escape(run_dir.name)}</title>\n"
+            f"<title>lucid report: {html.escape(name)}</title>\n"
             f"<style>{CSS}</style>\n</head>\n<body>\n" + "\n".join(parts)
             + "\n</body>\n</html>\n")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -173,18 +180,45 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return out
 
 
-def _learning_curve(run_dir: Path) -> list[str]:
-    """The training return, and the greedy evaluations where the run made any."""
+def _write_seeds_report(run_dir: Path, seeds: list[Path], out: str | Path | None) -> Path:
+    """The page of a multi-seed run (`lucid train --seeds`): each seed's final numbers, the
+    seeds' mean return with its min–max band, and the seeds beside the authors' curves;
+    each seed's own page is its `lucid report RUN_DIR/seed-S`."""
+    out = Path(out) if out else run_dir / "report.html"
+    parts = [f"<h1>lucid run: {html.escape(run_dir.name)} ({len(seeds)} seeds)</h1>",
+             f"<p>Directory <code>{html.escape(str(run_dir.resolve()))}</code>; report written "
+             f"{html.escape(time.strftime('%Y-%m-%d %H:%M:%S'))}. Each seed is a run of its "
+             f"own: <code>lucid report {html.escape(str(run_dir))}/seed-S</code>.</p>",
+             "<h2>Seeds</h2>"]
+    keys = ("env_steps", "updates", "return, last 10 train episodes (mean)",
+            "return, best train episode")
+    rows = [("seed", *keys)] + [(d.name, *(_fmt(summary(d).get(k, "-")) for k in keys))
+                                for d in seeds]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
+                   for row in rows[1:])
+    parts.append(f'<table id="seeds"><tr>{head}</tr>{body}</table>')
+    parts += _learning_curve(seeds, "mean over the seeds, band: min–max")
+    parts += _against_authors(seeds)
+    cfg = seeds[0] / "config.yaml"
+    parts += ["<h2>Config (the first seed's; the others differ in run.seed)</h2>",
+              f'<pre id="config">{html.escape(cfg.read_text())}</pre>']
+    return _write_page(out, run_dir.name, parts)
+
+
+def _learning_curve(run_dirs: list[Path], over: str = "") -> list[str]:
+    """The training return, and the greedy evaluations where the runs made any."""
     parts = ["<h2>Learning curve</h2>"]
-    episodes = read_jsonl(run_dir / "episodes.jsonl")
+    episodes = [e for d in run_dirs for e in read_jsonl(d / "episodes.jsonl")]
     if not episodes:
         return parts + ["<p>No episodes logged yet.</p>"]
     evals = any(e.get("eval") and e.get("policy", "greedy") == "greedy" for e in episodes)
     with tempfile.TemporaryDirectory() as tmp:
-        png = plot_runs([run_dir], Path(tmp) / "curve.png")
+        png = plot_runs(run_dirs, Path(tmp) / "curve.png")
         parts.append(f'<figure><img class="media" id="learning-curve" alt="learning curve" '
                      f'src="{_data_uri(png, "image/png")}"><figcaption>Training episode '
-                     f'return (running mean of 10) against environment steps'
+                     f'return (running mean of 10{"; " + over if over else ""}) against '
+                     f'environment steps'
                      + ("; circles: greedy evaluation episodes." if evals else
                         " (no evaluation episodes: run.eval_every=0).")
                      + "</figcaption></figure>")
@@ -207,19 +241,23 @@ def _diagnostics(run_dir: Path) -> list[str]:
                 f'norms on log scales.</figcaption></figure>']
 
 
-def _against_authors(run_dir: Path) -> list[str]:
-    """The run beside the authors' published curves of its task (lucid.reference), where
-    there are any and the run has episodes."""
-    if not (run_dir / "config.yaml").exists() or not train_episodes(
-            read_jsonl(run_dir / "episodes.jsonl")):
+def _against_authors(run_dirs: list[Path]) -> list[str]:
+    """The runs (seeds of one task) beside the authors' published curves of their task
+    (lucid.reference), where there are any and the runs have episodes."""
+    if not all((d / "config.yaml").exists() for d in run_dirs) or not any(
+            train_episodes(read_jsonl(d / "episodes.jsonl")) for d in run_dirs):
         return []
     try:
-        result = reference.compare([run_dir])
+        result = reference.compare(run_dirs)
     except reference.NoReference:
         return []
     rows = [("env steps (frames)", "lucid", "authors mean (min–max)", "verdict")]
     fr = reference.format_return
-    rows += [(f"{r['env_steps']:,} ({r['frames']:,})", fr(r["lucid"]["mean"]),
+    def ours(r: dict) -> str:
+        m = r["lucid"]
+        return fr(m["mean"]) + (f" ({fr(m['min'])}–{fr(m['max'])})" if len(run_dirs) > 1
+                                else "")
+    rows += [(f"{r['env_steps']:,} ({r['frames']:,})", ours(r),
               f"{fr(r['authors']['mean'])} ({fr(r['authors']['min'])}–{fr(r['authors']['max'])})",
               r["verdict"]) for r in result["rows"]]
     ref = result["reference"]

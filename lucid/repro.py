@@ -23,22 +23,7 @@ from typing import Callable, Sequence
 from . import reference
 from .checkpoint import list_checkpoints
 from .config import RESUME_SETTABLE
-
-
-def parse_seeds(text: str) -> list[int]:
-    """"0,1,2" or "0-3" or "0-1,5" -> sorted seeds."""
-    seeds: set[int] = set()
-    for part in str(text).replace(" ", "").split(","):
-        if not part:
-            continue
-        lo, dash, hi = part.partition("-")
-        try:
-            seeds.update(range(int(lo), int(hi) + 1) if dash else [int(lo)])
-        except ValueError:
-            raise ValueError(f"--seeds {text!r}: write seeds as 0,1,2 or 0-3") from None
-    if not seeds:
-        raise ValueError(f"--seeds {text!r} names no seed")
-    return sorted(seeds)
+from .seeds import SEED_DIR
 
 
 def seed_command(env: str, preset: str | None, steps: int, seed: int, run_dir: Path,
@@ -66,7 +51,7 @@ def run_seeds(env: str, seeds: Sequence[int], steps: int, out: str | Path,
         overrides.append(f"run.threads={max(1, (os.cpu_count() or 1) // parallel)}")
     if not any(o.startswith("run.progress=") for o in overrides):
         overrides.append("run.progress=false")  # the logs are files, not terminals
-    queue = [(s, out / f"seed-{s}") for s in seeds]
+    queue = [(s, out / SEED_DIR.format(s)) for s in seeds]
     running: list[tuple[int, Path, subprocess.Popen, object]] = []
     failed: list[int] = []
     while queue or running:
@@ -91,7 +76,7 @@ def run_seeds(env: str, seeds: Sequence[int], steps: int, out: str | Path,
                      + "\n  ".join(tail))
             else:
                 echo(f"seed {seed} done")
-    return [d for s, d in ((s, out / f"seed-{s}") for s in seeds)
+    return [d for s, d in ((s, out / SEED_DIR.format(s)) for s in seeds)
             if (d / "episodes.jsonl").exists()]
 
 

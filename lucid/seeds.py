@@ -2,6 +2,11 @@
 different jobs (ranks, env runners, evaluation, videos) never coincide and a run repeats by
 its seed. Numpy's seeds are below 2**32; config.py keeps `run.seed` low enough for these."""
 
+from __future__ import annotations
+
+from pathlib import Path
+
+SEED_DIR = "seed-{}"  # a multi-seed run's seed S: RUN_DIR/seed-S, an ordinary run directory
 RANK_STRIDE = 7919  # a prime: data-parallel rank r draws from seed + 7919·r
 EVAL_OFFSET = 10_000  # evaluation envs: their own streams, apart from training's
 VIDEO_OFFSET = 20_000  # the evaluation episodes of videos
@@ -47,3 +52,30 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """"0,1,2" or "0-3" or "0-1,5" -> sorted seeds."""
+    seeds: set[int] = set()
+    for part in str(text).replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        try:
+            seeds.update(range(int(lo), int(hi) + 1) if dash else [int(lo)])
+        except ValueError:
+            raise ValueError(f"--seeds {text!r}: write seeds as 0,1,2 or 0-3") from None
+    if not seeds:
+        raise ValueError(f"--seeds {text!r} names no seed")
+    return sorted(seeds)
+
+
+def seed_dirs(run_dir: str | Path) -> list[Path]:
+    """The seeds' run directories of a multi-seed run (`lucid train --seeds`, `lucid repro`:
+    RUN_DIR/seed-S, each with a config.yaml), by seed; [] for any other directory."""
+    found = []
+    for d in Path(run_dir).glob("seed-*"):
+        tail = d.name[len("seed-"):]
+        if tail.isdigit() and (d / "config.yaml").is_file():
+            found.append((int(tail), d))
+    return [d for _, d in sorted(found)]

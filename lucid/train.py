@@ -125,7 +125,7 @@ class Trainer(LearningRun):
         self.stop_requested, self.signalled, self.stop_reason = False, None, None
         logger = Logger(self.run_dir, progress=cfg.run.progress, total_steps=cfg.run.steps,
                         start_steps=c["env_steps"], config=cfg,
-                        purge_after=self._purge_logs_after) \
+                        purge_after=self._purge_logs_after, fields={"seed": cfg.run.seed}) \
             if self.ranks.is_main else _QuietLogger()
         if self._purge_logs_after is not None:
             from .video import set_aside_videos_after

@@ -42,7 +42,7 @@ def _pair(case: str, monkeypatch):
     deterministic_sampling(monkeypatch.setattr)
     image = case.startswith("image")
     singles = [_agent(k, kind, train, image) for k in range(K)]
-    batched = BatchedAgents([_agent(k, kind, train, image) for k in range(K)])
+    batched = BatchedAgents([_agent(k, kind, train, image) for k in range(K)], vmap=True)
     space = ACTIONS[kind]
     act = ActionSpec.from_space(space)
 
@@ -128,7 +128,7 @@ def test_an_agent_loaded_before_batching_keeps_its_state(monkeypatch):
     state = singles[0].state_dict()
     fresh = [_agent(50 + k, "discrete", {}, image=False) for k in range(2)]
     fresh[0].load_state_dict(state)
-    batched = BatchedAgents(fresh)
+    batched = BatchedAgents(fresh, vmap=True)
     bs = batches(1)[:2]
     got = batched.train(stack_batches(bs))
     want = singles[0].train(bs[0])
@@ -141,3 +141,16 @@ def test_agents_that_differ_are_refused():
     b = _agent(1, "box", {}, image=False)
     with pytest.raises(ValueError, match="same class, spaces"):
         BatchedAgents([a, b])
+
+
+def test_agents_updated_in_turn_equal_separate_updates(monkeypatch):
+    """The mode a CPU takes for large batches (BatchedAgents(vmap=False)): the same results."""
+    singles, _, batches = _pair("box-dynamics", monkeypatch)
+    turn = BatchedAgents([_agent(k, "box", {}, image=False) for k in range(K)], vmap=False)
+    for update in range(2):
+        bs = batches(update)
+        got = turn.train(stack_batches(bs))
+        for k in range(K):
+            want = singles[k].train(bs[k])
+            assert got[k] == pytest.approx(want, rel=1e-6, abs=1e-7)
+    assert [a.updates for a in turn.agents] == [2] * K

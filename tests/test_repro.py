@@ -23,7 +23,8 @@ from lucid.cli import app
 from lucid.config import make_config, to_yaml
 from lucid.reference import (NoReference, compare, frames_per_step, parse_steps, reference,
                              table, task_names, verdict, window_mean)
-from lucid.repro import parse_seeds, seed_command
+from lucid.repro import seed_command
+from lucid.seeds import parse_seeds
 
 runner = CliRunner()
 

@@ -1,0 +1,88 @@
+"""`lucid train ENV --seeds 0-1` (lucid/multiseed.py): several seeds in one process, each an
+ordinary run in RUN_DIR/seed-S, updated as one batched update; resumed, plotted and reported
+as a whole. That the batched update equals K single ones is tests/test_batched.py's; that
+two seeds learn is tests/test_learning.py's."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from lucid.acting import load_to_act
+from lucid.cli import app
+from lucid.plot import expand_seeds, group_runs, load_run
+from lucid.seeds import seed_dirs
+
+runner = CliRunner()
+QUICK = ["train.prefill=300", "run.logger=none", "run.log_every=1", "run.progress=false"]
+
+
+def _rows(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def test_seeds_train_resume_plot_and_report(tmp_path):
+    d = tmp_path / "seeds"
+    r = runner.invoke(app, ["train", "CartPole-v1", "--seeds", "0-1", "--steps", "900",
+                            "--run-dir", str(d), *QUICK])
+    assert r.exit_code == 0, r.output
+    dirs = seed_dirs(d)
+    assert [p.name for p in dirs] == ["seed-0", "seed-1"]
+    done = json.loads(r.output.split("done: ", 1)[1])
+    assert done["0"]["env_steps"] == done["1"]["env_steps"] == 900
+    assert done["0"]["updates"] == done["1"]["updates"] > 0
+    for seed, p in enumerate(dirs):
+        assert yaml.safe_load((p / "config.yaml").read_text())["run"]["seed"] == seed
+        episodes, metrics = _rows(p / "episodes.jsonl"), _rows(p / "metrics.jsonl")
+        assert episodes and metrics
+        assert all(row["seed"] == seed for row in episodes + metrics)
+    # each seed is an ordinary run: it loads to act on its own, and the seeds learned apart
+    acting = [load_to_act(str(p)) for p in dirs]
+    w = [dict(a.agent.actor.named_parameters())["head.out.weight"] for a in acting]
+    assert not torch.equal(w[0], w[1])
+    for a in acting:
+        a.close()
+    # one curve of two seeds; a report with the seeds' table
+    assert expand_seeds([d]) == dirs
+    assert list(group_runs([load_run(p) for p in dirs])) == ["CartPole-v1 (2 seeds)"]
+    out = tmp_path / "curves.png"
+    r = runner.invoke(app, ["plot", str(d), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.stat().st_size > 0
+    page = (d / "report.html").read_text()
+    assert 'id="seeds"' in page and "seed-0" in page and "seed-1" in page
+    # the whole run resumes: every seed from its checkpoint, on to the new budget
+    r = runner.invoke(app, ["train", "--resume", str(d), "--steps", "1200"])
+    assert r.exit_code == 0, r.output
+    again = json.loads(r.output.split("done: ", 1)[1])
+    for s in ("0", "1"):
+        assert again[s]["env_steps"] == 1200
+        assert again[s]["updates"] > done[s]["updates"]
+
+
+def test_seeds_are_refused_where_they_cannot_work(tmp_path):
+    r = runner.invoke(app, ["train", "CartPole-v1", "--seeds", "0-1", "--seed", "3",
+                            "--run-dir", str(tmp_path / "a")])
+    assert r.exit_code != 0 and "--seed or --seeds" in r.output
+    r = runner.invoke(app, ["train", "CartPole-v1", "--seeds", "0-1", "train.compile=true",
+                            "--run-dir", str(tmp_path / "b")])
+    assert r.exit_code != 0 and "train.compile" in r.output
+    r = runner.invoke(app, ["train", "CartPole-v1", "--seeds", "x-y",
+                            "--run-dir", str(tmp_path / "c")])
+    assert r.exit_code != 0 and "0,1,2 or 0-3" in r.output
+
+
+def test_train_seeds_from_python(tmp_path):
+    import lucid
+    dirs = lucid.train_seeds("CartPole-v1", [3, 5], 600, run_dir=tmp_path / "py",
+                             train__prefill=300, run__logger="none", run__videos=False)
+    assert [d.name for d in dirs] == ["seed-3", "seed-5"]
+    agent = lucid.Dreamer.load(dirs[1])
+    action, _ = agent.predict(np.zeros(4, np.float32))
+    assert action in (0, 1)
+    assert agent.trainer.cfg.run.seed == 5
+    agent.close()
