@@ -18,6 +18,7 @@ from typing import BinaryIO, Callable
 
 import numpy as np
 
+from .seeds import not_one_run
 from .warn import warn
 
 FORMAT_VERSION = 1
@@ -138,6 +139,8 @@ def no_checkpoint(run_dir: Path) -> FileNotFoundError:
             f"{run_dir} is a run in progress (pid {pid}) that has not written its first "
             f"checkpoint yet (it comes after the first updates, once train.prefill random "
             f"steps are collected); try again when checkpoints/ holds one")
+    if (several := not_one_run(run_dir)) is not None:
+        return FileNotFoundError(several)
     if not (run_dir / "config.yaml").is_file():
         return FileNotFoundError(
             f"{run_dir} is not a lucid run: it has no config.yaml and no checkpoints/ (give "

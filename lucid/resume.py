@@ -11,6 +11,7 @@ from . import checkpoint as ckpt
 from .config import RESUME_SETTABLE, Config, ConfigError, as_dict, flatten, from_yaml
 from .envs import env_label, instances
 from .plugins import is_file_id
+from .seeds import not_one_run
 from .device import load_here
 from .warn import note
 
@@ -79,6 +80,8 @@ def saved_config(run_dir: Path, set_aside: bool) -> tuple[Config, tuple[dict, Pa
     if run_dir.is_file():
         raise FileNotFoundError(f"{run_dir} is a file; give the run's directory "
                                 f"(the one that holds config.yaml and checkpoints/)")
+    if (several := not_one_run(run_dir)) is not None:
+        raise FileNotFoundError(several)
     if not ckpt.list_checkpoints(run_dir):
         raise FileNotFoundError(
             f"{run_dir} is not a lucid run: it has no config.yaml and no checkpoints/"

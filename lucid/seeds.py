@@ -79,3 +79,13 @@ def seed_dirs(run_dir: str | Path) -> list[Path]:
         if tail.isdigit() and (d / "config.yaml").is_file():
             found.append((int(tail), d))
     return [d for _, d in sorted(found)]
+
+
+def not_one_run(run_dir: str | Path) -> str | None:
+    """What to say of a multi-seed run's directory given where one run's is needed."""
+    seeds = seed_dirs(run_dir)
+    if not seeds:
+        return None
+    return (f"{run_dir} holds the runs of {len(seeds)} seeds (lucid train --seeds): give one "
+            f"of them, e.g. {seeds[0]}; lucid plot, lucid report and lucid train --resume "
+            f"take the whole directory")

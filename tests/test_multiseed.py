@@ -55,6 +55,9 @@ def test_seeds_train_resume_plot_and_report(tmp_path):
     assert out.stat().st_size > 0
     page = (d / "report.html").read_text()
     assert 'id="seeds"' in page and "seed-0" in page and "seed-1" in page
+    # where one run is needed, the directory of several is named as such
+    r = runner.invoke(app, ["eval", str(d), "--episodes", "1"])
+    assert r.exit_code != 0 and "2 seeds" in r.output and str(dirs[0]) in r.output
     # the whole run resumes: every seed from its checkpoint, on to the new budget
     r = runner.invoke(app, ["train", "--resume", str(d), "--steps", "1200"])
     assert r.exit_code == 0, r.output
