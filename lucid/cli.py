@@ -557,6 +557,8 @@ def repro_cmd(
     preset: Optional[str] = typer.Option(None, help="default: the env's suite preset"),
     out: str = typer.Option("repro", help="folder for the seeds' runs and the comparison"),
     parallel: Optional[int] = typer.Option(None, help="seeds trained at once (default: all)"),
+    batched: bool = typer.Option(False, help="all seeds in one process, their updates "
+                                 "batched (lucid train --seeds); default: a process each"),
     runs: Optional[List[str]] = typer.Option(None, "--runs", help="existing run directories "
                                              "to compare too (repeat the option)"),
     reference_year: str = typer.Option("2023", "--reference", help="the authors' curves: 2023 "
@@ -576,7 +578,7 @@ def repro_cmd(
     try:
         result = repro(env, parse_seeds(seeds), steps, out, preset, overrides, parallel,
                        runs or (), reference_year, parse_steps(at) if at else None,
-                       echo=typer.echo)
+                       echo=typer.echo, batched=batched)
     except (NoReference, ValueError, FileNotFoundError) as exc:
         _fail(exc)
     typer.echo(table(result))

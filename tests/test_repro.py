@@ -23,7 +23,7 @@ from lucid.cli import app
 from lucid.config import make_config, to_yaml
 from lucid.reference import (NoReference, compare, frames_per_step, parse_steps, reference,
                              table, task_names, verdict, window_mean)
-from lucid.repro import seed_command
+from lucid.repro import batched_command, seed_command
 from lucid.seeds import parse_seeds
 
 runner = CliRunner()
@@ -206,3 +206,24 @@ def test_repro_trains_seeds_side_by_side_then_compares(tmp_path):
     cmd = seed_command("dmc:walker-walk", "cpu-control", 6000, 0, out / "seed-0",
                        ["train.train_ratio=8", "run.videos=false"])
     assert cmd[4:] == ["--resume", str(out / "seed-0"), "--steps", "6000", "run.videos=false"]
+
+
+def test_a_batched_reproduction_is_one_train_command_of_all_seeds(tmp_path):
+    """`lucid repro --batched`: one `lucid train --seeds` process; a second call resumes all
+    seeds together, and refuses seeds that are not the run's."""
+    out = tmp_path / "repro"
+    cmd = batched_command("dmc:walker-walk", "cpu-control", 4000, [0, 2], out,
+                          ["train.train_ratio=8"])
+    assert cmd[3:] == ["train", "dmc:walker-walk", "--preset", "cpu-control", "--steps",
+                       "4000", "--seeds", "0,2", "--run-dir", str(out), "train.train_ratio=8"]
+    out.mkdir()
+    for seed in (0, 2):  # as lucid train --seeds leaves them
+        d = out / f"seed-{seed}"
+        _fake_run(d, "dmc:walker-walk", seed, [(1000, 1.0)])
+        (d / "checkpoints").mkdir()
+        (d / "checkpoints" / "ckpt-000000010.pt").write_bytes(b"x")
+    cmd = batched_command("dmc:walker-walk", "cpu-control", 8000, [0, 2], out,
+                          ["train.train_ratio=8", "run.videos=false"])
+    assert cmd[3:] == ["train", "--resume", str(out), "--steps", "8000", "run.videos=false"]
+    with pytest.raises(ValueError, match="--seeds 0,2"):
+        batched_command("dmc:walker-walk", "cpu-control", 8000, [0, 1], out)
