@@ -1,0 +1,128 @@
+"""The Nature recipe's layers (lucid/nature_nets.py) against numpy forward passes written from
+the authors' code (danijar/dreamerv3: nets.Norm 'rms', Linear, BlockLinear, RSSM._core), and
+their parameter counts against the shapes that code makes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lucid.nature_nets import BlockGRU, BlockLinear, Linear, RMSNorm
+
+
+def _np(t):
+    return t.detach().double().numpy()
+
+
+def np_rms(x, scale, eps=1e-4):
+    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * scale
+
+
+def np_silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def np_sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def np_block_linear(x, kernel, bias):
+    """The authors' einsum: x (..., blocks, in/blocks) · kernel (blocks, in/blocks, out/blocks)."""
+    g = kernel.shape[0]
+    y = np.einsum("...ki,kio->...ko", x.reshape(*x.shape[:-1], g, -1), kernel)
+    return y.reshape(*y.shape[:-2], -1) + bias
+
+
+def test_rms_norm():
+    x = torch.randn(3, 5, 8) * 4
+    norm = RMSNorm(8)
+    with torch.no_grad():
+        norm.scale.copy_(torch.linspace(0.5, 2.0, 8))
+    np.testing.assert_allclose(_np(norm(x)), np_rms(_np(x), _np(norm.scale)), rtol=1e-5,
+                               atol=1e-6)
+    assert [n for n, _ in norm.named_parameters()] == ["scale"]  # scale only, no shift
+
+
+def test_block_linear_is_a_block_diagonal_linear():
+    layer = BlockLinear(12, 8, blocks=4)
+    with torch.no_grad():
+        layer.bias.normal_()
+    x = torch.randn(2, 3, 12)
+    kernel = _np(layer.weight)
+    np.testing.assert_allclose(_np(layer(x)), np_block_linear(_np(x), kernel, _np(layer.bias)),
+                               rtol=1e-5, atol=1e-6)
+    full = np.zeros((12, 8))  # the same map as one dense weight with zero blocks off-diagonal
+    for k in range(4):
+        full[3 * k:3 * k + 3, 2 * k:2 * k + 2] = kernel[k]
+    np.testing.assert_allclose(_np(layer(x)), _np(x) @ full + _np(layer.bias), rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(ValueError, match="divide into 4 blocks"):
+        BlockLinear(10, 8, blocks=4)
+
+
+def test_init_is_a_truncated_normal_of_unit_variance_over_fan_in():
+    """The weights' std is 1 / sqrt(fan_in) (1.1368 undoes the truncation's 0.8796), none
+    beyond 2 · 1.1368 / sqrt(fan_in); BlockLinear's fan_in is its whole input; biases are
+    zero; outscale 0 gives zeros."""
+    for layer, fan_in in ((Linear(400, 300), 400), (BlockLinear(800, 400, blocks=8), 800)):
+        w = _np(layer.weight)
+        assert abs(w.std() * np.sqrt(fan_in) - 1.0) < 0.02
+        assert np.abs(w).max() <= 2 * 1.1368 / np.sqrt(fan_in) + 1e-7
+        assert not _np(layer.bias).any()
+    assert not _np(Linear(10, 4, outscale=0.0).weight).any()
+    w = _np(Linear(400, 300, outscale=0.01).weight)
+    assert abs(w.std() * np.sqrt(400) / 0.01 - 1.0) < 0.02
+
+
+def np_block_gru(core: BlockGRU, h, z, a):
+    """RSSM._core of the authors' code, in numpy, with `core`'s weights."""
+    g = core.blocks
+    a = a / np.maximum(1, np.abs(a))
+    xs = []
+    for dense, v in zip(core.dynin, (h, z.reshape(len(z), -1), a)):
+        lin, norm = dense[0], dense[1]
+        xs.append(np_silu(np_rms(v @ _np(lin.weight).T + _np(lin.bias), _np(norm.scale))))
+    x = np.concatenate(xs, -1)
+    x = np.repeat(x[:, None, :], g, 1)
+    x = np.concatenate([h.reshape(len(h), g, -1), x], -1).reshape(len(h), -1)
+    for linear, norm in core.hidden:
+        x = np_silu(np_rms(np_block_linear(x, _np(linear.weight), _np(linear.bias)),
+                           _np(norm.scale)))
+    x = np_block_linear(x, _np(core.gates.weight), _np(core.gates.bias))
+    groups = x.reshape(len(h), g, -1)
+    reset, cand, update = (p.reshape(len(h), -1) for p in np.split(groups, 3, -1))
+    reset = np_sigmoid(reset)
+    cand = np.tanh(reset * cand)
+    update = np_sigmoid(update - 1)
+    return update * cand + (1 - update) * h
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_block_gru_step_equals_the_authors_core(layers):
+    torch.manual_seed(0)
+    core = BlockGRU(deter=64, stoch_dim=4 * 3, act_dim=5, hidden=16, blocks=8, layers=layers)
+    with torch.no_grad():  # norms and biases away from their initial values
+        for name, p in core.named_parameters():
+            if "scale" in name or "bias" in name:
+                p.normal_(1.0 if "scale" in name else 0.0, 0.3)
+    h = torch.randn(6, 64)
+    z = torch.nn.functional.one_hot(torch.randint(0, 3, (6, 4)), 3).float()
+    a = torch.randn(6, 5) * 2  # |a| > 1 is scaled to 1
+    want = np_block_gru(core, _np(h), _np(z), _np(a))
+    np.testing.assert_allclose(_np(core(h, z, a)), want, rtol=1e-4, atol=1e-5)
+
+
+def test_block_gru_parameter_count_of_size12m():
+    """size12m: deter 2048, hidden 256, 32 stoch x 16 classes, 8 blocks, 1 hidden layer,
+    18 actions; counted from the shapes the authors' code makes: dynin0/1/2 kernels and
+    biases with an RMS scale each, dynhid0 a (8, 256 + 3·256, 256) block kernel with bias and
+    scale, dyngru a (8, 256, 768) block kernel with bias."""
+    deter, hidden, stoch, classes, acts, g = 2048, 256, 32, 16, 18, 8
+    want = ((deter + 1) * hidden + hidden
+            + (stoch * classes + 1) * hidden + hidden
+            + (acts + 1) * hidden + hidden
+            + g * ((deter // g + 3 * hidden) * (deter // g)) + deter + deter
+            + g * (deter // g) * (3 * deter // g) + 3 * deter)
+    core = BlockGRU(deter, stoch * classes, acts, hidden, blocks=g, layers=1)
+    assert sum(p.numel() for p in core.parameters()) == want
