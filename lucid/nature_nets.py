@@ -122,3 +122,56 @@ class BlockGRU(nn.Module):
         cand = torch.tanh(reset * cand)
         update = torch.sigmoid(update - 1.0)
         return update * cand + (1.0 - update) * h
+
+
+class SymexpTwoHot:
+    """The Nature recipe's reward and value distribution (the authors' `symexp_twohot` head
+    and `outs.TwoHot`): `num_bins` bins at symexp of points evenly spaced in [-20, 20]
+    (mirrored, with an exact 0 in the middle for an odd count), so the bins themselves are
+    in real space: targets are interpolated between their two nearest bins and the mean is
+    sum_i p_i bin_i there, with no symlog or symexp around them (2023's `TwoHot` works in
+    symlog space)."""
+
+    def __init__(self, num_bins: int = 255, limit: float = 20.0):
+        if num_bins < 2:
+            raise ValueError(f"two-hot needs at least 2 bins, got num_bins={num_bins}")
+        self.num_bins, self.limit = num_bins, float(limit)
+        self._bins: dict[tuple, torch.Tensor] = {}
+
+    def bins(self, like: torch.Tensor) -> torch.Tensor:
+        key = (like.device, like.dtype)
+        if key not in self._bins:
+            n = self.num_bins
+            half = torch.linspace(-self.limit, 0.0, (n - 1) // 2 + 1 if n % 2 else n // 2,
+                                  dtype=torch.float64)
+            half = torch.sign(half) * torch.expm1(half.abs())  # symexp
+            rest = half[:-1] if n % 2 else half
+            self._bins[key] = torch.cat([half, -rest.flip(0)]).to(like.device, like.dtype)
+        return self._bins[key]
+
+    def mean(self, logits: torch.Tensor) -> torch.Tensor:
+        """sum_i softmax(logits)_i bin_i, mirrored bins taken pairwise so that equal logits
+        give exactly 0 (as the authors' symmetric sum)."""
+        probs = torch.softmax(fp32(logits), -1)
+        bins, n = self.bins(probs), self.num_bins
+        m = n // 2
+        hi = m + 1 if n % 2 else m  # bins[hi:] are the positive bins, mirrored by [:m]
+        return (probs[..., hi:] - probs[..., :m].flip(-1)) @ bins[hi:]
+
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of the two-hot encoding of `target` (real space) over the bins:
+        the nearest bins below and above share the weight by distance; beyond the edge bins,
+        or on a bin, all of it goes to that bin."""
+        logits = fp32(logits)
+        target = fp32(target).detach()
+        bins, n = self.bins(logits), self.num_bins
+        below = ((bins <= target[..., None]).sum(-1) - 1).clamp(0, n - 1)
+        above = (n - (bins > target[..., None]).sum(-1)).clamp(0, n - 1)
+        equal = below == above
+        d_below = torch.where(equal, 1.0, (bins[below] - target).abs())
+        d_above = torch.where(equal, 1.0, (bins[above] - target).abs())
+        total = d_below + d_above
+        logp = torch.log_softmax(logits, -1)
+        picked_below = logp.gather(-1, below[..., None]).squeeze(-1)
+        picked_above = logp.gather(-1, above[..., None]).squeeze(-1)
+        return -(d_above / total * picked_below + d_below / total * picked_above)

@@ -126,3 +126,50 @@ def test_block_gru_parameter_count_of_size12m():
             + g * (deter // g) * (3 * deter // g) + 3 * deter)
     core = BlockGRU(deter, stoch * classes, acts, hidden, blocks=g, layers=1)
     assert sum(p.numel() for p in core.parameters()) == want
+
+
+def np_symexp_bins(n=255):
+    half = np.linspace(-20, 0, (n - 1) // 2 + 1 if n % 2 else n // 2)
+    half = np.sign(half) * (np.exp(np.abs(half)) - 1)
+    return np.concatenate([half, -(half[:-1] if n % 2 else half)[::-1]])
+
+
+def np_twohot_loss(logits, target, bins):
+    """outs.TwoHot.loss of the authors' code (dense two-hot target), in numpy."""
+    n = len(bins)
+    below = np.clip((bins <= target[..., None]).sum(-1) - 1, 0, n - 1)
+    above = np.clip(n - (bins > target[..., None]).sum(-1), 0, n - 1)
+    equal = below == above
+    d_below = np.where(equal, 1, np.abs(bins[below] - target))
+    d_above = np.where(equal, 1, np.abs(bins[above] - target))
+    total = d_below + d_above
+    onehot = np.eye(n)
+    dense = onehot[below] * (d_above / total)[..., None] + onehot[above] * (d_below / total)[..., None]
+    m = logits.max(-1, keepdims=True)
+    logp = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+    return -(dense * logp).sum(-1)
+
+
+@pytest.mark.parametrize("n", [255, 8])
+def test_symexp_twohot_bins_loss_and_mean_against_numpy(n):
+    from lucid.nature_nets import SymexpTwoHot
+    th = SymexpTwoHot(n)
+    bins = np_symexp_bins(n)
+    got = _np(th.bins(torch.zeros((), dtype=torch.float64)))
+    np.testing.assert_allclose(got, bins, rtol=1e-12)
+    # increasing (an even count has the authors' two zeros in the middle), mirrored
+    assert np.all(np.diff(got) > 0 if n % 2 else np.diff(got) >= 0)
+    assert np.allclose(got, -got[::-1])
+    if n % 2:
+        assert got[n // 2] == 0.0 and abs(got[-1] - (np.exp(20) - 1)) < 1e-3
+    rng = np.random.default_rng(0)
+    logits = torch.tensor(rng.normal(size=(4, 6, n)) * 2)
+    # targets between bins, on a bin, at 0, beyond the last bin and below the first
+    target = torch.tensor(rng.normal(size=(4, 6)) * 30)
+    target[0, :5] = torch.tensor([bins[3], 0.0, 1e12, -1e12, bins[-2]])
+    np.testing.assert_allclose(_np(th.loss(logits, target)),
+                               np_twohot_loss(_np(logits), _np(target), bins), rtol=1e-10,
+                               atol=1e-10)
+    probs = np.exp(_np(logits)) / np.exp(_np(logits)).sum(-1, keepdims=True)
+    np.testing.assert_allclose(_np(th.mean(logits)), probs @ bins, rtol=1e-9, atol=1e-9)
+    assert float(th.mean(torch.zeros(3, n)).abs().max()) == 0.0  # exactly 0 at init
