@@ -10,6 +10,8 @@
   projections of h, z and the action (scaled to |a| <= 1), each group of h with all three,
   a block-diagonal hidden layer, and block-diagonal GRU gates without a norm:
       r = σ(r), c = tanh(r · c), u = σ(u - 1), h' = u · c + (1 - u) · h.
+* `SymexpTwoHot`: rewards and values as two-hot distributions over 255 bins placed at
+  symexp of points evenly spaced in [-20, 20]: targets and means in real space.
 """
 
 from __future__ import annotations
