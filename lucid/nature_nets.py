@@ -177,3 +177,99 @@ class SymexpTwoHot:
         picked_below = logp.gather(-1, below[..., None]).squeeze(-1)
         picked_above = logp.gather(-1, above[..., None]).squeeze(-1)
         return -(d_above / total * picked_below + d_below / total * picked_above)
+
+
+# --------------------------------------------------------------------------- encoder, decoder
+
+def mlp(in_dim: int, units: int, layers: int) -> nn.Sequential:
+    """`layers` x (Linear -> RMSNorm -> SiLU)."""
+    return nn.Sequential(*[dense(in_dim if i == 0 else units, units) for i in range(layers)])
+
+
+class Conv(nn.Conv2d):
+    """A stride-1 'same' convolution with the authors' init (fan_in = in · kernel²)."""
+
+    def __init__(self, in_ch: int, out_ch: int, kernel: int = 5, outscale: float = 1.0):
+        super().__init__(in_ch, out_ch, kernel, padding=kernel // 2)
+        if outscale:
+            trunc_normal_fan_in_(self.weight, in_ch * kernel * kernel, outscale)
+        else:
+            nn.init.zeros_(self.weight)
+        nn.init.zeros_(self.bias)
+
+
+def _channel_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """RMSNorm over the channels of an NCHW map (the authors normalize NHWC's last axis)."""
+    return norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ImageEncoder(nn.Module):
+    """The authors' "simple" image encoder: pixels / 255 - 0.5, then per stage a kernel-5
+    stride-1 convolution, 2x2 max-pooling, RMSNorm over channels and SiLU; depths
+    `depth` x (2, 3, 4, 4); the last map (H/16 x W/16) flattened in (h, w, c) order."""
+
+    def __init__(self, size: tuple[int, int], channels: int, depth: int,
+                 mults: tuple[int, ...] = (2, 3, 4, 4), kernel: int = 5):
+        super().__init__()
+        stride = 2 ** len(mults)
+        if size[0] % stride or size[1] % stride:
+            raise ValueError(f"the Nature encoder halves {size[0]}x{size[1]} images "
+                             f"{len(mults)} times: give sizes that divide by {stride}")
+        depths = [depth * m for m in mults]
+        self.convs = nn.ModuleList(Conv(c_in, c_out, kernel)
+                                   for c_in, c_out in zip([channels] + depths[:-1], depths))
+        self.norms = nn.ModuleList(RMSNorm(d) for d in depths)
+        self.out_dim = (size[0] // stride) * (size[1] // stride) * depths[-1]
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        lead = img.shape[:-3]
+        x = img.reshape(-1, *img.shape[-3:]).float() / 255.0 - 0.5
+        x = x.permute(0, 3, 1, 2)  # NHWC -> NCHW
+        for conv, norm in zip(self.convs, self.norms):
+            x = F.max_pool2d(conv(x), 2)
+            x = F.silu(_channel_norm(norm, x))
+        return x.permute(0, 2, 3, 1).reshape(*lead, -1)
+
+
+class ImageDecoder(nn.Module):
+    """The authors' "simple" image decoder with `bspace` groups: a block-linear map of h and
+    an MLP of z, added, give a (H/16, W/16, depth·4) map; then per stage nearest-neighbour
+    2x upsampling, a kernel-5 convolution, RMSNorm and SiLU, and a last upsampled
+    convolution to the image's channels, through a sigmoid: pixels in [0, 1]."""
+
+    def __init__(self, deter: int, stoch_dim: int, size: tuple[int, int], channels: int,
+                 depth: int, units: int, mults: tuple[int, ...] = (2, 3, 4, 4),
+                 kernel: int = 5, bspace: int = 8, outscale: float = 1.0):
+        super().__init__()
+        stride = 2 ** len(mults)
+        depths = [depth * m for m in mults]
+        self.res = (size[0] // stride, size[1] // stride)
+        self.bspace, self.top = bspace, depths[-1]
+        if self.top % bspace:
+            raise ValueError(f"the Nature decoder splits {self.top} channels into {bspace} "
+                             f"groups: give a depth whose last stage divides by {bspace}")
+        cells = self.res[0] * self.res[1] * self.top
+        self.sp0 = BlockLinear(deter, cells, bspace)
+        self.sp1 = dense(stoch_dim, 2 * units)
+        self.sp2 = Linear(2 * units, cells)
+        self.spnorm = RMSNorm(self.top)
+        ins = depths[::-1]  # channels into each stage: depths[-1], then on down
+        self.convs = nn.ModuleList(Conv(c_in, c_out, kernel)
+                                   for c_in, c_out in zip(ins[:-1], ins[1:]))
+        self.norms = nn.ModuleList(RMSNorm(c) for c in ins[1:])
+        self.out = Conv(depths[0], channels, kernel, outscale)
+
+    def forward(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Mean pixels (..., H, W, C) in [0, 1] from h (..., deter) and z (..., stoch_dim)."""
+        lead = h.shape[:-1]
+        hh, ww = self.res
+        g, c = self.bspace, self.top // self.bspace
+        x0 = self.sp0(h.reshape(-1, h.shape[-1]))  # (g h w c) -> h w (g c), as theirs
+        x0 = x0.reshape(-1, g, hh, ww, c).permute(0, 2, 3, 1, 4).reshape(-1, hh, ww, self.top)
+        x1 = self.sp2(self.sp1(z.reshape(-1, z.shape[-1]))).reshape(-1, hh, ww, self.top)
+        x = F.silu(self.spnorm(x0 + x1)).permute(0, 3, 1, 2)  # NCHW
+        for conv, norm in zip(self.convs, self.norms):
+            x = F.interpolate(x, scale_factor=2, mode="nearest")
+            x = F.silu(_channel_norm(norm, conv(x)))
+        x = torch.sigmoid(self.out(F.interpolate(x, scale_factor=2, mode="nearest")))
+        return x.permute(0, 2, 3, 1).reshape(*lead, *x.shape[2:], x.shape[1])

@@ -173,3 +173,82 @@ def test_symexp_twohot_bins_loss_and_mean_against_numpy(n):
     probs = np.exp(_np(logits)) / np.exp(_np(logits)).sum(-1, keepdims=True)
     np.testing.assert_allclose(_np(th.mean(logits)), probs @ bins, rtol=1e-9, atol=1e-9)
     assert float(th.mean(torch.zeros(3, n)).abs().max()) == 0.0  # exactly 0 at init
+
+
+def np_conv_same(x, conv):
+    """NHWC 'same' convolution, stride 1, with an HWIO kernel (the authors' layout)."""
+    kernel = _np(conv.weight).transpose(2, 3, 1, 0)
+    k = kernel.shape[0]
+    pad = np.pad(x, ((0, 0), (k // 2, k // 2), (k // 2, k // 2), (0, 0)))
+    win = np.lib.stride_tricks.sliding_window_view(pad, (k, k), axis=(1, 2))
+    return np.einsum("bhwcij,ijco->bhwo", win, kernel) + _np(conv.bias)
+
+
+def np_encoder(enc, img):
+    x = img.astype(np.float64) / 255 - 0.5
+    for conv, norm in zip(enc.convs, enc.norms):
+        x = np_conv_same(x, conv)
+        B, H, W, C = x.shape
+        x = x.reshape(B, H // 2, 2, W // 2, 2, C).max((2, 4))
+        x = np_silu(np_rms(x, _np(norm.scale)))
+    return x.reshape(len(x), -1)
+
+
+def np_decoder(dec, h, z):
+    g, (hh, ww), top = dec.bspace, dec.res, dec.top
+    x0 = np_block_linear(h, _np(dec.sp0.weight), _np(dec.sp0.bias))
+    x0 = x0.reshape(len(h), g, hh, ww, top // g).transpose(0, 2, 3, 1, 4).reshape(
+        len(h), hh, ww, top)  # einops '(g h w c) -> h w (g c)'
+    lin, norm = dec.sp1[0], dec.sp1[1]
+    x1 = np_silu(np_rms(z @ _np(lin.weight).T + _np(lin.bias), _np(norm.scale)))
+    x1 = (x1 @ _np(dec.sp2.weight).T + _np(dec.sp2.bias)).reshape(len(h), hh, ww, top)
+    x = np_silu(np_rms(x0 + x1, _np(dec.spnorm.scale)))
+    for conv, norm in zip(dec.convs, dec.norms):
+        x = x.repeat(2, 1).repeat(2, 2)
+        x = np_silu(np_rms(np_conv_same(x, conv), _np(norm.scale)))
+    x = np_conv_same(x.repeat(2, 1).repeat(2, 2), dec.out)
+    return np_sigmoid(x)
+
+
+def _perturb(module):
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("scale") or name.endswith("bias"):
+                p.normal_(1.0 if name.endswith("scale") else 0.0, 0.3)
+
+
+def test_image_encoder_and_decoder_against_the_authors_simple_ones():
+    from lucid.nature_nets import ImageDecoder, ImageEncoder
+    torch.manual_seed(0)
+    enc = ImageEncoder((8, 12), channels=3, depth=2, mults=(1, 2), kernel=3)
+    _perturb(enc)
+    img = torch.randint(0, 256, (2, 8, 12, 3), dtype=torch.uint8)
+    assert enc.out_dim == 2 * 3 * 4
+    np.testing.assert_allclose(_np(enc(img)), np_encoder(enc, img.numpy()), rtol=1e-4,
+                               atol=1e-5)
+    dec = ImageDecoder(deter=16, stoch_dim=6, size=(8, 12), channels=3, depth=2, units=5,
+                       mults=(1, 2), kernel=3, bspace=2)
+    _perturb(dec)
+    h, z = torch.randn(2, 16), torch.randn(2, 6)
+    out = dec(h, z)
+    assert out.shape == (2, 8, 12, 3)
+    np.testing.assert_allclose(_np(out), np_decoder(dec, _np(h), _np(z)), rtol=1e-4, atol=1e-5)
+
+
+def test_image_encoder_and_decoder_parameter_counts_of_size12m():
+    """size12m on 64x64x3 images: depth 16 (stages 32, 48, 64, 64), units 256, deter 2048,
+    32 x 16 latents, 8 decoder groups; counted from the shapes the authors' code makes
+    (HWIO kernels with biases, an RMS scale per norm)."""
+    from lucid.nature_nets import ImageDecoder, ImageEncoder
+    depths, k, ch = [32, 48, 64, 64], 5, 3
+    enc_want = sum(k * k * i * o + o + o for i, o in zip([ch] + depths[:-1], depths))
+    cells = 4 * 4 * 64
+    dec_want = (2048 * cells // 8 + cells  # sp0: block kernel (8, 256, 128) and bias
+                + (512 + 1) * 512 + 512  # sp1 (2 · units) with its norm
+                + (512 + 1) * cells + 64  # sp2, spnorm
+                + sum(k * k * i * o + o + o for i, o in zip([64, 64, 48], [64, 48, 32]))
+                + k * k * 32 * ch + ch)  # imgout
+    enc = ImageEncoder((64, 64), ch, 16)
+    dec = ImageDecoder(2048, 512, (64, 64), ch, 16, 256)
+    assert sum(p.numel() for p in enc.parameters()) == enc_want
+    assert sum(p.numel() for p in dec.parameters()) == dec_want
