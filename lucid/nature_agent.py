@@ -1,0 +1,284 @@
+"""The Nature (2025) recipe's agent: its networks (nature_model), losses (nature_losses) and
+one optimizer (optim.LaProp), with the interface lucid's loop uses (`policy`, `train_step`,
+`state_dict`), as the authors' `Agent.train` and `Agent.loss` (danijar/dreamerv3):
+
+    1. observe the replayed (B, T) windows from the zero state, resets masking h, z and the
+       previous action; the world model's losses on the posterior states;
+    2. imagine H = 15 steps from every posterior state with the policy (no gradient reaches
+       the world model), then predict rewards, continue probabilities and values;
+    3. policy (REINFORCE for every action space) and value losses of the imagined rows; the
+       replay value loss, bootstrapped from the imagined returns, with its gradient into the
+       world model;
+    4. one backward pass of the scaled sum, one LaProp step over all networks, and the slow
+       critic moved 2% toward the critic.
+
+Not yet here (issue 40): latents stored in replay to start windows from (the authors' replay
+context), bf16, compile and the CUDA graph, and the `model.recipe` key that makes `lucid
+train` build this agent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .nature_losses import (PercentileNorm, continue_loss, continue_target, image_loss,
+                            imagination_losses, kl_losses, replay_value_loss, vector_loss)
+from .nature_model import NATURE_SIZES, nature_modules
+from .nature_nets import SymexpTwoHot
+from .nets import one_hot, onehot_sample, unimix_logits
+from .optim import LaProp
+from .specs import ActionSpec, ObsSpec
+
+
+@dataclass
+class NatureSettings:
+    """The authors' defaults (configs.yaml, `agent`)."""
+    lr: float = 4e-5
+    agc: float = 0.3
+    eps: float = 1e-20
+    warmup: int = 1000
+    horizon: int = 15  # imagined steps (imag_length)
+    discount_horizon: float = 333.0  # the 1 / (1 - γ) of `contdisc` and the replay returns
+    lam: float = 0.95
+    actent: float = 3e-4
+    slowreg: float = 1.0
+    slow_rate: float = 0.02
+    unimix: float = 0.01
+    free_nats: float = 1.0
+    minstd: float = 0.1
+    maxstd: float = 1.0
+    scales: tuple = (("dyn", 1.0), ("rep", 0.1), ("rec", 1.0), ("rew", 1.0), ("con", 1.0),
+                     ("policy", 1.0), ("value", 1.0), ("repval", 0.3))
+
+
+@dataclass
+class NatureState:
+    """Recurrent state of N rows: h (N, deter), z (N, stoch, classes), previous action."""
+    h: torch.Tensor
+    z: torch.Tensor
+    action: torch.Tensor
+
+
+class NatureAgent:
+    """World model, actor and critic of the Nature recipe with their one optimizer."""
+
+    def __init__(self, obs_spec: ObsSpec, act_spec: ActionSpec, size: str = "12m",
+                 device: str | torch.device = "cpu", settings: NatureSettings | None = None):
+        self.device = torch.device(device)
+        self.obs_spec, self.act_spec = obs_spec, act_spec
+        self.s = settings or NatureSettings()
+        mods = nature_modules(obs_spec, act_spec, size)  # an unknown size is refused there
+        self.size = NATURE_SIZES[size]
+        self.wm = mods["world_model"].to(self.device)
+        self.actor = mods["actor"].to(self.device)
+        self.critic = mods["critic"].to(self.device)
+        self.retnorm = PercentileNorm().to(self.device)
+        self.twohot = SymexpTwoHot(self.size.bins)
+        self.opt = LaProp(self.trained_parameters(), lr=self.s.lr, agc=self.s.agc,
+                          eps=self.s.eps, warmup=self.s.warmup)
+        self.updates = 0
+
+    def trained_parameters(self) -> list[torch.Tensor]:
+        return [*self.wm.parameters(), *self.actor.parameters(), *self.critic.net.parameters()]
+
+    # ------------------------------------------------------------------ the RSSM's steps
+
+    def initial(self, n: int) -> NatureState:
+        s = self.size
+        zeros = lambda *shape: torch.zeros(*shape, device=self.device)  # noqa: E731
+        return NatureState(zeros(n, s.deter), zeros(n, s.stoch, s.classes),
+                           zeros(n, self.act_spec.dim))
+
+    def _sample_z(self, logits: torch.Tensor) -> torch.Tensor:
+        """A one-hot sample of the 1%-unimix categoricals, straight-through."""
+        return onehot_sample(unimix_logits(logits, self.s.unimix))
+
+    def obs_step(self, state: NatureState, tokens: torch.Tensor, reset: torch.Tensor):
+        """Reset rows (zeros), h' = core(h, z, a), z' ~ post(h', tokens). Returns the new
+        state (its action slot: the previous action) and the posterior logits."""
+        keep = (~reset).float()
+        h = state.h * keep[:, None]
+        z = state.z * keep[:, None, None]
+        a = state.action * keep[:, None]
+        h = self.wm.rssm.core(h, z, a)
+        logits = self.wm.rssm.post_logits(h, tokens)
+        return NatureState(h, self._sample_z(logits), a), logits
+
+    def feat(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return torch.cat([h, z.flatten(-2)], -1)
+
+    # ------------------------------------------------------------------ the actor
+
+    def _policy_parts(self, feat: torch.Tensor):
+        x = self.actor.mlp(feat)
+        logits = [head(x) for head in self.actor.logits]
+        normal = None
+        if self.actor.mean is not None:
+            lo, hi = self.s.minstd, self.s.maxstd
+            std = (hi - lo) * torch.sigmoid(self.actor.std(x) + 2.0) + lo
+            normal = (torch.tanh(self.actor.mean(x)), std)
+        return logits, normal
+
+    def _sample_action(self, feat: torch.Tensor, explore: bool = True) -> torch.Tensor:
+        logits, normal = self._policy_parts(feat)
+        parts = []
+        for lg in logits:  # categorical without unimix
+            parts.append(onehot_sample(torch.log_softmax(lg, -1), straight_through=False)
+                         if explore else one_hot(lg.argmax(-1), lg.shape[-1], lg.dtype))
+        if normal is not None:
+            mean, std = normal
+            parts.append(mean + std * torch.randn_like(mean) if explore else mean)
+        return torch.cat(parts, -1)
+
+    def _logp_entropy(self, feat: torch.Tensor, action: torch.Tensor):
+        logits, normal = self._policy_parts(feat)
+        sizes = [lg.shape[-1] for lg in logits] + ([normal[0].shape[-1]] if normal else [])
+        acts = action.split(sizes, -1)
+        logp, ent = 0.0, 0.0
+        for lg, a in zip(logits, acts):
+            lp = torch.log_softmax(lg, -1)
+            logp = logp + (lp * a).sum(-1)
+            ent = ent - (lp.exp() * lp).sum(-1)
+        if normal is not None:
+            dist = torch.distributions.Normal(*normal, validate_args=False)
+            logp = logp + dist.log_prob(acts[-1]).sum(-1)
+            ent = ent + dist.entropy().sum(-1)
+        return logp, ent
+
+    @torch.no_grad()
+    def policy(self, obs: dict[str, torch.Tensor], state: NatureState | None = None,
+               explore: bool = True, is_first: torch.Tensor | None = None):
+        """One step for N envs: model-space actions (N, A) and the next state."""
+        n = next(iter(obs.values())).shape[0]
+        if state is None:
+            state, is_first = self.initial(n), torch.ones(n, dtype=torch.bool,
+                                                          device=self.device)
+        elif is_first is None:
+            is_first = torch.zeros(n, dtype=torch.bool, device=self.device)
+        tokens = self.wm.encoder(obs)
+        state, _ = self.obs_step(state, tokens, is_first.to(self.device))
+        action = self._sample_action(self.feat(state.h, state.z), explore)
+        return action, NatureState(state.h, state.z, action)
+
+    # ------------------------------------------------------------------ learning
+
+    def _world_model(self, batch: dict):
+        """1. Observe the windows; the world model's per-step losses (B, T) and states."""
+        wm, s = self.wm, self.s
+        B, T = batch["reward"].shape
+        tokens = wm.encoder(batch["obs"])
+        state = self.initial(B)
+        hs, zs, post = [], [], []
+        for t in range(T):
+            state, logits = self.obs_step(state, tokens[:, t], batch["is_first"][:, t])
+            hs.append(state.h)
+            zs.append(state.z)
+            post.append(logits)
+            state = NatureState(state.h, state.z, batch["action"][:, t])
+        h, z, post = torch.stack(hs, 1), torch.stack(zs, 1), torch.stack(post, 1)
+        prior = wm.rssm.prior_logits(h)
+        losses = dict(zip(("dyn", "rep"), kl_losses(post, prior, s.unimix, s.free_nats)))
+        feat = self.feat(h, z)
+        losses["rew"] = self.twohot.loss(wm.reward(feat), batch["reward"])
+        losses["con"] = continue_loss(wm.cont(feat).squeeze(-1),
+                                      continue_target(batch["is_terminal"], s.discount_horizon))
+        rec = 0.0
+        dec = wm.decoder
+        if dec.mlp is not None:
+            x = dec.mlp(torch.cat([z.flatten(-2), h], -1))
+            for k, head in dec.heads.items():
+                rec = rec + vector_loss(head(x), batch["obs"][k])
+        if dec.cnn is not None:
+            images = torch.cat([batch["obs"][k] for k in wm.encoder.image_keys], -1)
+            rec = rec + image_loss(dec.cnn(h, z.flatten(-2)), images)
+        losses["rec"] = rec
+        return losses, h, z, feat
+
+    def _imagine(self, h: torch.Tensor, z: torch.Tensor):
+        """2. H steps from every posterior state, without gradient into the world model:
+        features (N, H+1, F) and actions (N, H+1, A), the last step's action sampled too."""
+        feats, acts = [self.feat(h, z)], []
+        with torch.no_grad():
+            for _ in range(self.s.horizon):
+                a = self._sample_action(feats[-1])
+                acts.append(a)
+                h = self.wm.rssm.core(h, z, a)
+                z = self._sample_z(self.wm.rssm.prior_logits(h))
+                feats.append(self.feat(h, z))
+            acts.append(self._sample_action(feats[-1]))
+        return torch.stack(feats, 1), torch.stack(acts, 1)
+
+    def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
+        s, wm, critic = self.s, self.wm, self.critic
+        B, T = batch["reward"].shape
+        losses, h, z, feat = self._world_model(batch)
+        imfeat, imact = self._imagine(h.detach().reshape(B * T, -1),
+                                      z.detach().reshape(B * T, *z.shape[2:]))
+        with torch.no_grad():
+            rew = self.twohot.mean(wm.reward(imfeat))
+            con = torch.sigmoid(wm.cont(imfeat).squeeze(-1))
+            slow = critic.slow(imfeat)
+        logpi, ent = self._logp_entropy(imfeat, imact)
+        policy, value, ret, adv = imagination_losses(
+            self.twohot, rew, con, logpi, ent, critic.net(imfeat), slow, self.retnorm,
+            s.lam, s.actent, s.slowreg)
+        losses["policy"], losses["value"] = policy, value
+        with torch.no_grad():
+            slow_rep = critic.slow(feat)
+        losses["repval"], _ = replay_value_loss(
+            self.twohot, batch["is_last"].float(), batch["is_terminal"].float(),
+            batch["reward"], ret[:, 0].reshape(B, T), critic.net(feat), slow_rep,
+            s.discount_horizon, s.lam, s.slowreg)
+        scales = dict(s.scales)
+        loss = sum(scales[k] * v.mean() for k, v in losses.items())
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grads = [p.grad for p in self.trained_parameters() if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g)
+                                                     for g in grads]))
+        ok = torch.isfinite(norm) & torch.isfinite(loss.detach())
+        self.opt.found_inf = (~ok).float()
+        self.opt.step()
+        with torch.no_grad():  # the slow critic 2% toward the critic (not on a skipped step)
+            rate = s.slow_rate * ok.float()
+            for slow_p, p in zip(critic.slow.parameters(), critic.net.parameters()):
+                slow_p.lerp_(p, rate)
+        self.updates += 1
+        metrics = {f"loss/{k}": v.detach().mean() for k, v in losses.items()}
+        metrics.update({"train/loss": loss.detach(), "train/grad_norm": norm.detach(),
+                        "train/nonfinite_steps": (~ok).float(),
+                        "actor/entropy": ent.detach().mean(),
+                        "actor/advantage_mag": adv.detach().abs().mean(),
+                        "critic/return_mean": ret.detach().mean(),
+                        "actor/return_scale": self.retnorm.stats()[1]})
+        return metrics
+
+    def train(self, batch: dict) -> dict[str, float]:
+        metrics = self.train_step(batch)
+        values = torch.stack([v.float() for v in metrics.values()]).cpu().tolist()
+        return dict(zip(metrics.keys(), values))
+
+    # ------------------------------------------------------------------ persistence
+
+    def modules(self) -> dict:
+        return {"world_model": self.wm, "actor": self.actor, "critic": self.critic,
+                "return_norm": self.retnorm}
+
+    def state_dict(self) -> dict:
+        return {"recipe": "nature",
+                "modules": {k: m.state_dict() for k, m in self.modules().items()},
+                "optimizers": {"all": self.opt.state_dict()}, "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("recipe") != "nature":
+            raise ValueError(f"this checkpoint holds an agent of the "
+                             f"{state.get('recipe', '2023')} recipe, not of the Nature "
+                             f"recipe's; load it with the recipe it was trained with")
+        for k, m in self.modules().items():
+            m.load_state_dict(state["modules"][k])
+        self.opt.load_state_dict(state["optimizers"]["all"])
+        self.updates = int(state.get("updates", 0))
+
+

@@ -1,0 +1,116 @@
+"""The Nature recipe's agent (lucid/nature_agent.py): one update over every action and
+observation space, gradients kept where the authors' stop-gradients put them, non-finite
+steps skipped, state saved and loaded. Its losses are tests/test_nature_losses.py's, its
+networks tests/test_nature_model.py's."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lucid.nature_agent import NatureAgent, NatureSettings
+from lucid.specs import ActionSpec
+from test_update_unchanged import ACTIONS, IMG, VEC, _batch
+
+CASES = {"discrete": ("discrete", False), "box": ("box", False), "mixed": ("mixed", False),
+         "image": ("discrete", True)}
+
+
+def _agent(kind, image, seed=0, **settings):
+    torch.manual_seed(seed)
+    act = ActionSpec.from_space(ACTIONS[kind])
+    obs = IMG if image else VEC
+    return NatureAgent(obs, act, "1m", settings=NatureSettings(warmup=0, lr=1e-3,
+                                                               **settings)), act
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_one_update_trains_every_network(case):
+    kind, image = CASES[case]
+    agent, act = _agent(kind, image)
+    before = {n: p.detach().clone() for n, p in _named(agent)}
+    slow = [p.detach().clone() for p in agent.critic.slow.parameters()]
+    # two updates: the reward and value heads' hidden layers get gradients once their output
+    # layers, zero at the start (output scale 0), are not
+    for seed in (1, 2):
+        m = agent.train(_batch(act, ACTIONS[kind], seed=seed, image=image))
+        assert all(math.isfinite(v) for v in m.values()) and m["train/nonfinite_steps"] == 0
+    unchanged = [n for n, p in _named(agent) if torch.equal(p, before[n])]
+    assert not unchanged, unchanged
+    # the slow critic moved 2% toward the critic (which started equal to it)
+    assert any(not torch.equal(a, b) for a, b in zip(slow, agent.critic.slow.parameters()))
+    assert agent.updates == 2
+    obs = {"vector": torch.randn(3, 4)}
+    if image:
+        obs["image"] = torch.randint(0, 256, (3, 16, 16, 3), dtype=torch.uint8)
+    action, state = agent.policy(obs)
+    assert action.shape == (3, act.dim) and state.h.shape == (3, agent.size.deter)
+
+
+def _named(agent):
+    for name, m in (("wm", agent.wm), ("actor", agent.actor), ("critic", agent.critic.net)):
+        for n, p in m.named_parameters():
+            yield f"{name}.{n}", p
+
+
+def _grads(agent, batch, scales):
+    agent.s.scales = tuple(scales.items())
+    torch.manual_seed(5)
+    opt_step = agent.opt.step
+    agent.opt.step = lambda: None  # gradients only
+    try:
+        agent.train_step(batch)
+    finally:
+        agent.opt.step = opt_step
+    return {n: p.grad.clone() for n, p in _named(agent) if p.grad is not None}
+
+
+def test_imagination_trains_the_actor_and_critic_only():
+    """With the policy and value losses' scales at 0 the world model's gradient is the same:
+    no gradient of the imagined rows reaches it (the authors' sg around imagined states);
+    the actor's gradient comes from the policy loss alone."""
+    agent, act = _agent("discrete", False)
+    for seed in (6, 7):  # output layers away from zero (reward, value) so gradients pass
+        agent.train(_batch(act, ACTIONS["discrete"], seed=seed))
+    batch = _batch(act, ACTIONS["discrete"], seed=2)
+    base = {"dyn": 1.0, "rep": 0.1, "rec": 1.0, "rew": 1.0, "con": 1.0, "repval": 0.3}
+    full = _grads(agent, batch, {**base, "policy": 1.0, "value": 1.0})
+    none = _grads(agent, batch, {**base, "policy": 0.0, "value": 0.0})
+    for n, g in full.items():
+        if n.startswith("wm."):
+            assert torch.allclose(g, none[n], rtol=1e-4, atol=1e-5), n  # float order only
+    assert all(not none[n].any() for n in none if n.startswith("actor."))
+    assert any(full[n].abs().sum() > 0 for n in full if n.startswith("actor."))
+    # the replay value loss reaches the world model (repval_grad)
+    no_rep = _grads(agent, batch, {**base, "repval": 0.0, "policy": 0.0, "value": 0.0})
+    assert any(not torch.allclose(none[n], no_rep[n]) for n in none if n.startswith("wm."))
+
+
+def test_a_nonfinite_batch_changes_nothing():
+    agent, act = _agent("box", False)
+    batch = _batch(act, ACTIONS["box"], seed=3)
+    batch["reward"][0, 2] = math.nan
+    before = [p.detach().clone() for p in agent.trained_parameters()]
+    slow = [p.detach().clone() for p in agent.critic.slow.parameters()]
+    m = agent.train(batch)
+    assert m["train/nonfinite_steps"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, agent.trained_parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(slow, agent.critic.slow.parameters()))
+
+
+def test_state_saves_loads_and_refuses_the_other_recipe():
+    agent, act = _agent("mixed", False)
+    agent.train(_batch(act, ACTIONS["mixed"], seed=4))
+    other, _ = _agent("mixed", False, seed=9)
+    other.load_state_dict(agent.state_dict())
+    obs = {"vector": torch.randn(2, 4)}
+    acts = []
+    for a in (agent, other):
+        torch.manual_seed(0)  # the posterior's sample
+        acts.append(a.policy(obs, explore=False)[0])
+    assert torch.equal(*acts)
+    assert other.updates == 1
+    with pytest.raises(ValueError, match="2023 recipe"):
+        other.load_state_dict({"modules": {}, "optimizers": {}})
