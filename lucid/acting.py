@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .agent import agent_class
+from .agents import agent_class
 from .config import Config, make_config
 from .device import chosen_for, resolve_device
 from .envs import env_fn, episode_metrics

@@ -13,7 +13,7 @@ from typing import List, NoReturn, Optional
 
 import typer
 
-from .config import (PRESETS, RESUME_SETTABLE, SECTIONS, SIZES, ConfigError,
+from .config import (NATURE_SIZES, PRESETS, RESUME_SETTABLE, SECTIONS, SIZES, ConfigError,
                      suggest, make_config, to_yaml)
 from .seeds import eval_seed
 from .warn import raised_at
@@ -61,9 +61,10 @@ def _build(env: str, preset: Optional[str], size: Optional[str], steps: Optional
            overrides: List[str]):
     sections: dict = {"env": {"id": env}, "run": {}, "model": {}}
     if size:
-        if size not in SIZES:
-            raise ConfigError(f"unknown --size {size!r}; choose one of {', '.join(SIZES)}"
-                              + suggest(size, SIZES))
+        if size not in SIZES and size not in NATURE_SIZES:
+            raise ConfigError(f"unknown --size {size!r}; choose one of {', '.join(SIZES)} "
+                              f"(--preset nature: {', '.join(NATURE_SIZES)})"
+                              + suggest(size, [*SIZES, *NATURE_SIZES]))
         sections["model"]["size"] = size
     for key, val in (("steps", steps), ("seed", seed), ("run_dir", run_dir), ("device", device)):
         if val is not None:
@@ -113,7 +114,8 @@ def train(
     ctx: typer.Context,
     env: str = typer.Argument(DEFAULT_ENV, help="gymnasium id, a suite name (atari:Pong, atari100k:Pong, dmc:walker-walk, dmc-vision:walker-walk, crafter, minigrid:DoorKey-5x5, memory-maze:9x9, envpool:Pong-v5), module.path:EnvClass or path/to/file.py:EnvClass"),
     preset: Optional[str] = typer.Option(None, help=f"one of: {', '.join(PRESETS)}"),
-    size: Optional[str] = typer.Option(None, help=f"model size: {', '.join(SIZES)}"),
+    size: Optional[str] = typer.Option(None, help=f"model size: {', '.join(SIZES)} (--preset "
+                                       f"nature: {', '.join(NATURE_SIZES)})"),
     steps: Optional[int] = typer.Option(None, help="environment steps to train for"),
     seed: Optional[int] = typer.Option(None, help="seed of python, numpy and torch (the "
                                        "envs' and the replay's derive from it)"),
@@ -212,6 +214,12 @@ def train(
         typer.echo(f"stopped at {trainer.counters['env_steps']:,} of {trainer.cfg.run.steps:,} "
                    f"env steps: {trainer.stop_reason}")
     typer.echo(f"done: {json.dumps(trainer.counters)}")
+
+
+def _not_for_nature(cfg, what: str) -> None:
+    if cfg.model.recipe == "nature":
+        _fail(f"{what} is not available yet for runs of model.recipe=nature (lucid train, "
+              f"eval, plot and report are)")
 
 
 def _is_multiseed(run_dir: str) -> bool:
@@ -453,6 +461,7 @@ def dream_cmd(run_dir: str = typer.Argument(..., help="a run directory: its newe
     if seed < 0:
         _fail(f"--seed must be >= 0, got {seed}")
     trainer = _load_run(run_dir)
+    _not_for_nature(trainer.cfg, "lucid dream")
     plot = out is not None and Path(out).suffix.lower() == ".png"
     try:
         result = dream(trainer, horizon=horizon, context=context, rows=rows, seed=seed)
@@ -538,6 +547,7 @@ def export_cmd(run_dir: str = typer.Argument(..., help="a run directory, or an a
               "'lucid-rl[export]' (from a checkout: pip install -e '.[export]')")
     from .export import export_onnx
     run = _load_run(run_dir, file_ok=True)
+    _not_for_nature(run.cfg, "lucid export")
     path = export_onnx(run.agent, run.obs_spec, run.act_spec, out,
                        meta={"env": run.cfg.env.id, "preset": run.cfg.preset,
                              "env_steps": run.counters["env_steps"]}, sampled=sampled)

@@ -40,6 +40,19 @@ SIZES: dict[str, tuple[int, int, int, int, int, int]] = {
     "XL": (4096, 1024, 5, 96, 32, 32),
 }
 
+# The Nature (2025) recipe's sizes (`model.recipe=nature`), the authors' size1m ... size400m:
+# (deter, hidden, latent classes, CNN depth, units); 32 latents, 8 GRU blocks at every size.
+NATURE_SIZES: dict[str, tuple[int, int, int, int, int]] = {
+    "1m": (512, 64, 4, 4, 64),
+    "12m": (2048, 256, 16, 16, 256),
+    "25m": (3072, 384, 24, 24, 384),
+    "50m": (4096, 512, 32, 32, 512),
+    "100m": (6144, 768, 48, 48, 768),
+    "200m": (8192, 1024, 64, 64, 1024),
+    "400m": (12288, 1536, 96, 96, 1536),
+}
+RECIPES = ("2023", "nature")
+
 
 @dataclass
 class EnvConfig:
@@ -56,6 +69,7 @@ class EnvConfig:
 @dataclass
 class ModelConfig:
     size: str = "XS"
+    recipe: str = "2023"  # "2023" (sizes nano ... XL) or "nature" (2025; sizes 1m ... 400m)
     agent: str = ""
     # Explicit overrides of the size table (None = take it from `size`).
     gru_units: Optional[int] = None
@@ -76,6 +90,12 @@ class ModelConfig:
     action_clip: float = 1.0
 
     def dims(self) -> dict[str, int]:
+        if self.recipe == "nature":
+            return self._nature_dims()
+        if self.size in NATURE_SIZES:
+            raise ConfigError(f"model.size={self.size!r} is a size of the Nature recipe: add "
+                              f"model.recipe=nature (or --preset nature), or choose one of "
+                              f"{', '.join(SIZES)}")
         if self.size not in SIZES:
             raise ConfigError(
                 f"unknown model.size {self.size!r}; choose one of {', '.join(SIZES)}"
@@ -90,6 +110,25 @@ class ModelConfig:
         for n, of in (("vector_units", "dense_units"), ("vector_layers", "dense_layers")):
             out[n] = out[of] if getattr(self, n) is None else getattr(self, n)
         return out
+
+    def _nature_dims(self) -> dict[str, int]:
+        """The Nature sizes in the 2023 table's terms (notes and checks read these)."""
+        if self.size not in NATURE_SIZES:
+            hint = " (the 2023 recipe's size)" if self.size in SIZES else ""
+            raise ConfigError(
+                f"model.size={self.size!r}{hint} is not a size of model.recipe=nature; choose "
+                f"one of {', '.join(NATURE_SIZES)}" + suggest(self.size, NATURE_SIZES))
+        overrides = [n for n in ("gru_units", "dense_units", "dense_layers", "cnn_mult",
+                                 "latent_groups", "latent_classes", "vector_units",
+                                 "vector_layers") if getattr(self, n) is not None]
+        if overrides:
+            raise ConfigError(f"model.{overrides[0]} overrides a size of the 2023 recipe; "
+                              f"model.recipe=nature takes its sizes whole "
+                              f"({', '.join(NATURE_SIZES)})")
+        deter, _, classes, depth, units = NATURE_SIZES[self.size]
+        return {"gru_units": deter, "dense_units": units, "dense_layers": 3, "cnn_mult": depth,
+                "latent_groups": 32, "latent_classes": classes, "vector_units": units,
+                "vector_layers": 3}
 
 
 @dataclass
@@ -118,6 +157,10 @@ class TrainConfig:
     model_lr: float = 1e-4
     model_eps: float = 1e-8
     model_clip: float = 1000.0
+    # model.recipe=nature: its one optimizer takes model_lr and model_eps, clips each tensor's
+    # gradient adaptively and warms its learning rate up from 0
+    agc: float = 0.3  # clip |g| to agc · max(1e-3, |θ|) per parameter tensor
+    lr_warmup: int = 1000  # updates over which the learning rate rises linearly from 0
     # actor and critic
     actor_lr: float = 3e-5
     actor_eps: float = 1e-5
@@ -280,6 +323,13 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "train": {"train_ratio": 512}, "run": {"steps": 500_000}},
     "crafter": {"model": {"size": "XL"}, "train": {"train_ratio": 512},
                 "run": {"steps": 1_000_000}},
+    # The Nature (2025) recipe as the authors' current code sets it (configs.yaml `agent`):
+    # one LaProp optimizer (lr 4e-5, eps 1e-20), dyn loss 1.0, the replay value loss (0.3)
+    # with its gradient into the world model, γ = 1 - 1/333 (their `horizon`).
+    "nature": {"model": {"recipe": "nature", "size": "12m"},
+               "train": {"model_lr": 4e-5, "model_eps": 1e-20, "dyn_scale": 1.0,
+                         "replay_value_scale": 0.3, "replay_value_grad": True,
+                         "gamma": 1 - 1 / 333}},
     # Measured to learn small control tasks fastest on a 2-core CPU (see docs/presets.md):
     # the paper's algorithm with a small model, shorter windows, a lower train ratio,
     # 3x (world model) / 10x (actor, critic) the paper's learning rates and the Nature
@@ -401,6 +451,9 @@ def _glued_keys(tree: Any) -> list[str]:
 
 def validate(cfg: Config) -> None:
     """Refuse impossible combinations before anything runs."""
+    if cfg.model.recipe not in RECIPES:
+        raise ConfigError(f"model.recipe must be one of {', '.join(RECIPES)}, not "
+                          f"{cfg.model.recipe!r}" + suggest(str(cfg.model.recipe), RECIPES))
     cfg.model.dims()  # checks the size name
     loggers = logger_backends(cfg.run.logger)
     t = cfg.train
@@ -431,6 +484,7 @@ def validate(cfg: Config) -> None:
          "run.device must be auto, cpu or cuda[:N]"),
         (cfg.run.steps >= 0, "run.steps must be >= 0"),
         (min(t.model_lr, t.actor_lr, t.critic_lr) >= 0, "learning rates must be >= 0"),
+        (t.agc >= 0 and t.lr_warmup >= 0, "train.agc and train.lr_warmup must be >= 0"),
         (min(t.model_clip, t.actor_clip, t.critic_clip) > 0,  # a clip <= 0 scales by <= 0
          "train.model_clip, train.actor_clip and train.critic_clip must be > 0 (inf: no "
          "clipping)"),

@@ -223,7 +223,15 @@ def sizes_markdown() -> str:
             "latent groups | latent classes |\n|---|---|---|---|---|---|---|\n")
     rows = "".join(f"| `{name}` | " + " | ".join(str(x) for x in dims) + " |\n"
                    for name, dims in C.SIZES.items())
-    return head + rows
+    nature = ("\nWith `model.recipe=nature` (`--preset nature`) the sizes are the authors' "
+              "current ones, named by their parameter count (32 latents and 8 GRU blocks at "
+              "every size; heads of 1 layer for reward and continue, 3 for actor, critic, "
+              "encoder and decoder MLPs):\n\n"
+              "| `model.size` | deter | hidden | latent classes | CNN depth | units |\n"
+              "|---|---|---|---|---|---|\n"
+              + "".join(f"| `{name}` | " + " | ".join(str(x) for x in dims) + " |\n"
+                        for name, dims in C.NATURE_SIZES.items()))
+    return head + rows + nature
 
 
 def presets_markdown() -> str:

@@ -29,28 +29,41 @@ from .nature_model import NATURE_SIZES, nature_modules
 from .nature_nets import SymexpTwoHot
 from .nets import one_hot, onehot_sample, unimix_logits
 from .optim import LaProp
+from .warn import warn
+from .config import Config
 from .specs import ActionSpec, ObsSpec
 
 
 @dataclass
 class NatureSettings:
-    """The authors' defaults (configs.yaml, `agent`)."""
-    lr: float = 4e-5
-    agc: float = 0.3
-    eps: float = 1e-20
-    warmup: int = 1000
-    horizon: int = 15  # imagined steps (imag_length)
-    discount_horizon: float = 333.0  # the 1 / (1 - γ) of `contdisc` and the replay returns
-    lam: float = 0.95
-    actent: float = 3e-4
-    slowreg: float = 1.0
-    slow_rate: float = 0.02
-    unimix: float = 0.01
-    free_nats: float = 1.0
-    minstd: float = 0.1
-    maxstd: float = 1.0
-    scales: tuple = (("dyn", 1.0), ("rep", 0.1), ("rec", 1.0), ("rew", 1.0), ("con", 1.0),
-                     ("policy", 1.0), ("value", 1.0), ("repval", 0.3))
+    """What the update reads of the config (the `nature` preset: the authors' values)."""
+    lr: float
+    agc: float
+    eps: float
+    warmup: int
+    horizon: int  # imagined steps
+    discount_horizon: float  # 1 / (1 - γ): `contdisc`'s continue target, replay returns
+    lam: float
+    actent: float
+    slowreg: float
+    slow_rate: float
+    unimix: float
+    free_nats: float
+    minstd: float
+    maxstd: float
+    scales: tuple
+
+    @classmethod
+    def of(cls, config: Config) -> "NatureSettings":
+        t, m = config.train, config.model
+        scales = (("dyn", t.dyn_scale), ("rep", t.rep_scale), ("rec", t.decoder_scale),
+                  ("rew", t.reward_scale), ("con", t.cont_scale), ("policy", 1.0),
+                  ("value", 1.0), ("repval", t.replay_value_scale))
+        return cls(lr=t.model_lr, agc=t.agc, eps=t.model_eps, warmup=t.lr_warmup,
+                   horizon=t.horizon, discount_horizon=1.0 / (1.0 - t.gamma), lam=t.lam,
+                   actent=t.entropy, slowreg=t.slow_critic_reg,
+                   slow_rate=t.slow_critic_fraction, unimix=m.unimix, free_nats=t.free_nats,
+                   minstd=m.actor_min_std, maxstd=m.actor_max_std, scales=scales)
 
 
 @dataclass
@@ -64,13 +77,17 @@ class NatureState:
 class NatureAgent:
     """World model, actor and critic of the Nature recipe with their one optimizer."""
 
-    def __init__(self, obs_spec: ObsSpec, act_spec: ActionSpec, size: str = "12m",
-                 device: str | torch.device = "cpu", settings: NatureSettings | None = None):
+    def __init__(self, obs_spec: ObsSpec, act_spec: ActionSpec, config: Config,
+                 device: str | torch.device = "cpu"):
         self.device = torch.device(device)
+        self.config = config
         self.obs_spec, self.act_spec = obs_spec, act_spec
-        self.s = settings or NatureSettings()
+        self.s = NatureSettings.of(config)
+        size = config.model.size
         mods = nature_modules(obs_spec, act_spec, size)  # an unknown size is refused there
         self.size = NATURE_SIZES[size]
+        # data-parallel learners hook these (lucid.distributed); the recipe refuses them yet
+        self.grad_sync = self.gather = None
         self.wm = mods["world_model"].to(self.device)
         self.actor = mods["actor"].to(self.device)
         self.critic = mods["critic"].to(self.device)
@@ -79,6 +96,21 @@ class NatureAgent:
         self.opt = LaProp(self.trained_parameters(), lr=self.s.lr, agc=self.s.agc,
                           eps=self.s.eps, warmup=self.s.warmup)
         self.updates = 0
+
+    def check_optimizers(self) -> None:
+        """Every network's parameters are in the optimizer (as Agent.check_optimizers)."""
+        held = {id(p) for g in self.opt.param_groups for p in g["params"]}
+        if not {id(p) for p in self.trained_parameters()} <= held:
+            raise ValueError("a network of the Nature agent was replaced after its optimizer "
+                             "was made; it would never train")
+
+    def compile(self) -> None:
+        """train.compile: the Nature recipe's update runs eager for now."""
+        warn("model.recipe=nature runs its update eager for now: train.compile, "
+             "train.cuda_graph and train.precision=bf16 are not applied to it")
+
+    def optimizers(self) -> dict:
+        return {"all": self.opt}
 
     def trained_parameters(self) -> list[torch.Tensor]:
         return [*self.wm.parameters(), *self.actor.parameters(), *self.critic.net.parameters()]

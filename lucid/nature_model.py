@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .nature_nets import BlockGRU, ImageDecoder, ImageEncoder, Linear, mlp
+from .config import NATURE_SIZES as SIZE_TABLE
 from .nets import symlog
 from .specs import ActionSpec, ObsSpec
 
@@ -34,15 +35,7 @@ class NatureSize:
     bins: int = 255
 
 
-NATURE_SIZES = {
-    "1m": NatureSize(512, 64, 4, 4, 64),
-    "12m": NatureSize(2048, 256, 16, 16, 256),
-    "25m": NatureSize(3072, 384, 24, 24, 384),
-    "50m": NatureSize(4096, 512, 32, 32, 512),
-    "100m": NatureSize(6144, 768, 48, 48, 768),
-    "200m": NatureSize(8192, 1024, 64, 64, 1024),
-    "400m": NatureSize(12288, 1536, 96, 96, 1536),
-}
+NATURE_SIZES = {name: NatureSize(*dims) for name, dims in SIZE_TABLE.items()}
 
 
 def _image_layout(obs: ObsSpec) -> tuple[tuple[int, int], int] | None:

@@ -29,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-from .agent import agent_class
+from .agents import agent_class
 from .config import from_yaml, to_yaml
 from .envs import env_fn
 from .envs.checks import spaces_of

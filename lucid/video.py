@@ -566,7 +566,7 @@ def _log_videos(trainer, writer, step, horizon, context, fps, rows) -> dict[str,
         if writer is not None:
             log_video(writer, "eval/video", rec.frames, step, fps=fps)
     stored = trainer.replay.stored
-    if stored >= context + 1:
+    if stored >= context + 1 and cfg.model.recipe != "nature":  # (no Nature dreams yet)
         horizon = min(horizon, stored - context)
         result = dream(trainer, horizon, context, rows, seed=step)
         frames = dream_frames(trainer, result)

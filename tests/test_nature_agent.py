@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from lucid.config import make_config
 from lucid.nature_agent import NatureAgent, NatureSettings
 from lucid.specs import ActionSpec
 from test_update_unchanged import ACTIONS, IMG, VEC, _batch
@@ -18,12 +19,12 @@ CASES = {"discrete": ("discrete", False), "box": ("box", False), "mixed": ("mixe
          "image": ("discrete", True)}
 
 
-def _agent(kind, image, seed=0, **settings):
+def _agent(kind, image, seed=0):
     torch.manual_seed(seed)
     act = ActionSpec.from_space(ACTIONS[kind])
-    obs = IMG if image else VEC
-    return NatureAgent(obs, act, "1m", settings=NatureSettings(warmup=0, lr=1e-3,
-                                                               **settings)), act
+    cfg = make_config("nature", model={"size": "1m"},
+                      train={"lr_warmup": 0, "model_lr": 1e-3})
+    return NatureAgent(IMG if image else VEC, act, cfg), act
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -114,3 +115,55 @@ def test_state_saves_loads_and_refuses_the_other_recipe():
     assert other.updates == 1
     with pytest.raises(ValueError, match="2023 recipe"):
         other.load_state_dict({"modules": {}, "optimizers": {}})
+
+
+def test_the_nature_preset_gives_the_authors_settings():
+    s = NatureSettings.of(make_config("nature"))
+    assert (s.lr, s.agc, s.eps, s.warmup) == (4e-5, 0.3, 1e-20, 1000)
+    assert s.horizon == 15 and s.discount_horizon == pytest.approx(333.0)
+    assert (s.lam, s.actent, s.slowreg, s.slow_rate) == (0.95, 3e-4, 1.0, 0.02)
+    assert (s.unimix, s.free_nats, s.minstd, s.maxstd) == (0.01, 1.0, 0.1, 1.0)
+    assert dict(s.scales) == {"dyn": 1.0, "rep": 0.1, "rec": 1.0, "rew": 1.0, "con": 1.0,
+                              "policy": 1.0, "value": 1.0, "repval": 0.3}
+
+
+def test_the_recipe_is_chosen_by_the_config_and_checked():
+    from lucid.agent import Agent
+    from lucid.agents import agent_class
+    from lucid.config import ConfigError
+    assert agent_class(make_config("nature")) is NatureAgent
+    assert agent_class(make_config("default")) is Agent
+    with pytest.raises(ConfigError, match="not a size of model.recipe=nature"):
+        make_config("nature", model={"size": "XS"})
+    with pytest.raises(ConfigError, match="did you mean 'nature'"):
+        make_config(model={"recipe": "natur"})
+    with pytest.raises(ConfigError, match="takes its sizes whole"):
+        make_config("nature", model={"gru_units": 64})
+    with pytest.raises(ConfigError, match="leave model.agent empty"):
+        agent_class(make_config("nature", model={"agent": "x:Y"}))
+
+
+def test_lucid_train_eval_and_resume_a_nature_run(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from lucid.cli import app
+    runner = CliRunner()
+    d = tmp_path / "run"
+    quick = ["train.batch_size=4", "train.batch_length=16", "train.train_ratio=16",
+             "train.prefill=300", "run.logger=none", "run.progress=false"]
+    r = runner.invoke(app, ["train", "CartPole-v1", "--preset", "nature", "--size", "1m",
+                            "--steps", "600", "--run-dir", str(d), *quick])
+    assert r.exit_code == 0, r.output
+    done = json.loads(r.output.split("done: ", 1)[1])
+    assert done["updates"] > 0 and (d / "report.html").exists()
+    r = runner.invoke(app, ["eval", str(d), "--episodes", "2"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])["episodes"] == 2
+    r = runner.invoke(app, ["train", "--resume", str(d), "--steps", "800"])
+    assert r.exit_code == 0, r.output
+    again = json.loads(r.output.split("done: ", 1)[1])
+    assert again["env_steps"] == 800 and again["updates"] > done["updates"]
+    r = runner.invoke(app, ["dream", str(d)])
+    assert r.exit_code != 0 and "model.recipe=nature" in r.output

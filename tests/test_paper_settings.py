@@ -84,8 +84,36 @@ def values(preset: str) -> dict:
     return flatten(as_dict(make_config(preset)))
 
 
+# The Nature recipe's preset: the authors' current configs.yaml (`agent`: opt lr 4e-5, eps
+# 1e-20, agc 0.3, warmup 1000; loss_scales dyn 1.0, rep 0.1, repval 0.3 with repval_grad;
+# horizon 333 = 1 / (1 - γ); imag_length 15, lam 0.95, actent 3e-4, slowvalue rate 0.02,
+# slowreg 1.0, retnorm perc 5/95 rate 0.01 limit 1, unimix 0.01, free nats 1, policy std in
+# [0.1, 1]) at size12m; nothing else differs from the default
+NATURE = {
+    "model.recipe": "nature", "model.size": "12m",
+    "train.model_lr": 4e-5, "train.model_eps": 1e-20, "train.agc": 0.3,
+    "train.lr_warmup": 1000, "train.dyn_scale": 1.0, "train.rep_scale": 0.1,
+    "train.replay_value_scale": 0.3, "train.replay_value_grad": True,
+    "train.gamma": 1 - 1 / 333, "train.horizon": 15, "train.lam": 0.95,
+    "train.entropy": 3e-4, "train.slow_critic_fraction": 0.02, "train.slow_critic_reg": 1.0,
+    "train.return_norm_decay": 0.99, "train.return_norm_low": 5.0,
+    "train.return_norm_high": 95.0, "train.return_norm_min_scale": 1.0,
+    "model.unimix": 0.01, "train.free_nats": 1.0,
+    "model.actor_min_std": 0.1, "model.actor_max_std": 1.0,
+}
+
+
 def test_every_preset_is_pinned():
-    assert set(PRESETS) == set(SUITES) | {"cpu-control", "cpu-pixels"}
+    assert set(PRESETS) == set(SUITES) | {"cpu-control", "cpu-pixels", "nature"}
+
+
+def test_the_nature_preset_has_the_authors_current_settings():
+    got, base = values("nature"), values("default")
+    wrong = {k: (got[k], want) for k, want in NATURE.items() if got[k] != want}
+    assert not wrong, f"(lucid, authors) {wrong}"
+    extra = {k: (base[k], got[k]) for k in got
+             if got[k] != base[k] and k not in NATURE and k not in FREE}
+    assert not extra, f"nature changes {extra} (default, nature)"
 
 
 @pytest.mark.parametrize("preset", list(SUITES))
