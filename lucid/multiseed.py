@@ -28,6 +28,10 @@ def _for_seeds(cfg: Config) -> Config:
     """The config each seed runs: the graph and compile, which the batched update does not
     take yet, off where the device would choose them; refused where set."""
     t, r = cfg.train, cfg.run
+    if cfg.model.recipe != "2023":
+        raise ConfigError("--seeds batches agents of model.recipe=2023 for now; train the "
+                          "Nature recipe's seeds as separate runs (lucid repro without "
+                          "--batched)")
     if t.compile or t.cuda_graph:
         raise ConfigError("--seeds trains without train.compile and train.cuda_graph for "
                           "now: leave them unset (null) or set them false")

@@ -74,6 +74,9 @@ def test_seeds_are_refused_where_they_cannot_work(tmp_path):
     r = runner.invoke(app, ["train", "CartPole-v1", "--seeds", "0-1", "train.compile=true",
                             "--run-dir", str(tmp_path / "b")])
     assert r.exit_code != 0 and "train.compile" in r.output
+    r = runner.invoke(app, ["train", "CartPole-v1", "--seeds", "0-1", "--preset", "nature",
+                            "--run-dir", str(tmp_path / "d")])
+    assert r.exit_code != 0 and "model.recipe=2023" in r.output
     r = runner.invoke(app, ["train", "CartPole-v1", "--seeds", "x-y",
                             "--run-dir", str(tmp_path / "c")])
     assert r.exit_code != 0 and "0,1,2 or 0-3" in r.output
