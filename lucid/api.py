@@ -59,6 +59,13 @@ def _sections(overrides: dict, call: str) -> dict:
     return sections
 
 
+def _refuse_nature(cfg) -> None:
+    if cfg.model.recipe == "nature":
+        raise ConfigError("Dreamer serves model.recipe=2023 agents for now; train the Nature "
+                          "recipe with `lucid train ENV --preset nature` (evaluate it with "
+                          "`lucid eval`)")
+
+
 def train_seeds(env, seeds, total_env_steps: int, preset: str | None = None,
                 size: str | None = None, run_dir: str | Path | None = None,
                 **overrides: Any) -> list[Path]:
@@ -114,6 +121,7 @@ class Dreamer:
         preset_given = preset is not None
         preset = preset or preset_for(make_config("default", **sections))
         self.cfg, self._run_dir = make_config(preset, **sections), run_dir
+        _refuse_nature(self.cfg)
         # An agent to act with until the first learn(), which claims the run directory:
         # constructing one to predict, evaluate or save writes no files.
         self.trainer = ActingRun(self.cfg)
@@ -285,6 +293,7 @@ class Dreamer:
             raise ValueError(f"{path} was trained on an env instance (Dreamer({cls_name}(...))),"
                              f" which a checkpoint cannot hold; pass the env again: "
                              f"Dreamer.load(path, env={cls_name}(...))")
+        _refuse_nature(cfg)
         load_here(cfg, device)
         cfg.run.run_dir = None
         self = cls.__new__(cls)
@@ -328,4 +337,7 @@ class Dreamer:
         self.trainer = Trainer(given, path, resume=True, env=None if env is None else _env_id(env),
                                settings=tuple(flatten(sections)))
         self.cfg, self.agent = self.trainer.saved_config(), self.trainer.agent
+        if self.cfg.model.recipe == "nature":
+            self.trainer.close()
+            _refuse_nature(self.cfg)
         return self

@@ -167,3 +167,10 @@ def test_lucid_train_eval_and_resume_a_nature_run(tmp_path):
     assert again["env_steps"] == 800 and again["updates"] > done["updates"]
     r = runner.invoke(app, ["dream", str(d)])
     assert r.exit_code != 0 and "model.recipe=nature" in r.output
+    # the Python API says it serves the 2023 recipe for now
+    from lucid import Dreamer
+    from lucid.config import ConfigError
+    with pytest.raises(ConfigError, match="lucid train ENV --preset nature"):
+        Dreamer("CartPole-v1", preset="nature")
+    with pytest.raises(ConfigError, match="2023 agents for now"):
+        Dreamer.load(d)
