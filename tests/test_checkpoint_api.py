@@ -391,6 +391,17 @@ def test_the_callback_gets_each_episodes_last_info():
 def test_ctrl_c_during_learn_saves_then_reaches_the_program(tmp_path):
     """SIGINT in learn(): a checkpoint at the step it stopped, then the program's own
     handling of Ctrl-C (KeyboardInterrupt), not a quiet return."""
+    import signal
+    # The program's handling is Python's default (KeyboardInterrupt): a suite started in the
+    # background of a non-interactive shell inherits SIGINT ignored instead.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_in_learn(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _ctrl_c_in_learn(tmp_path):
     import os
     import signal
     agent = Dreamer("CartPole-v1", size="nano", preset="cpu-control", run__device="cpu",
