@@ -241,6 +241,17 @@ class Agent:
         """One step for a batch of N environments. `obs` holds the observation keys (N, ...);
         rows with `is_first` (N,) start from the initial state, as all do with state=None.
         Returns model-space actions (N, A) and the next state."""
+        return self._act(self.actor, obs, state, explore, is_first)
+
+    def acting(self, env_steps: int):
+        """What acts in the training envs after `env_steps` steps: an object with `device` and
+        `policy` (this agent; an exploring agent's explorer while it explores)."""
+        return self
+
+    @torch.no_grad()
+    def _act(self, actor: Actor, obs: dict[str, torch.Tensor], state: State | None,
+             explore: bool, is_first: torch.Tensor | None) -> tuple[torch.Tensor, State]:
+        """`policy` with `actor`, one of the actors that share this world model."""
         n = next(iter(obs.values())).shape[0]
         if state is None:
             state = self.wm.initial(n)
@@ -249,7 +260,7 @@ class Agent:
             is_first = torch.zeros(n, dtype=torch.bool, device=self.device)
         embed = self.wm.encoder(obs)
         state, _ = self.wm.obs_step(state, embed, is_first.to(self.device))
-        action = self.actor(self.wm.feat(state.h, state.z), explore=explore)
+        action = actor(self.wm.feat(state.h, state.z), explore=explore)
         return action, State(state.h, state.z, action)
 
     # ------------------------------------------------------------------ learning
@@ -269,6 +280,11 @@ class Agent:
         if opt not in self._checked:
             _check_trained(opt, params, self.optimizers())
             self._checked.add(opt)
+
+    def clip(self, part: str) -> float:
+        """The gradient-norm clip of a component (a key of `optimizers`)."""
+        t = self.config.train
+        return {"world_model": t.model_clip, "actor": t.actor_clip, "critic": t.critic_clip}[part]
 
     def _apply(self, opt: torch.optim.Optimizer, loss: torch.Tensor, params: list, clip: float
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -315,7 +331,13 @@ class Agent:
         metrics["train/nonfinite_steps"] = 3.0 - (wm_ok.float() + actor_ok.float()
                                                   + critic_ok.float())
         metrics.update(self._imagination_metrics(im, ret, scale))
+        self._more(batch, out, metrics)
         return metrics
+
+    def _more(self, batch: dict, out: dict, metrics: dict) -> None:
+        """Learners a subclass adds on the same posterior states, after the task's steps
+        (curiosity: lucid.explore_agent); they add their skipped steps to
+        `train/nonfinite_steps`."""
 
     def _world_model_loss(self, batch: dict):
         """1. The world-model loss (eq. 4) on the replayed (B, T) batch, its metrics and the
@@ -324,31 +346,39 @@ class Agent:
             return self.wm.loss(batch, self.config.train)
 
     def _world_model_step(self, loss: torch.Tensor, metrics: dict) -> torch.Tensor:
-        t = self.config.train
         metrics["world_model/grad_norm"], ok = self._step(self.opt_wm, loss,
-                                                          self.wm.parameters(), t.model_clip)
+                                                          self.wm.parameters(),
+                                                          self.clip("world_model"))
         return ok
 
-    def _imagine(self, out: dict, batch: dict) -> Imagined:
+    def _imagine(self, out: dict, batch: dict, actor: Actor | None = None,
+                 critic: Critic | None = None) -> Imagined:
         """2.-3. Imagine H steps from every posterior state (start states carry no gradient)
         with the world model frozen, and predict their rewards, continues and values.
-        Step 0's continue is known from the replay."""
+        Step 0's continue is known from the replay. `actor` and `critic`: another pair than the
+        task's (an explorer's) on the same world model."""
+        h, z, start_cont = self._starts(out, batch)
+        if self._reinforce:
+            return self._imagine_reinforce(h, z, start_cont, actor, critic)
+        return self._imagine_through_dynamics(h, z, start_cont, actor, critic)
+
+    def _starts(self, out: dict, batch: dict):
+        """Imagination's start states, every replayed posterior state (no gradient), and
+        their continue flags, known from the replay."""
         wm = self.wm
         h = out["h"].detach().reshape(-1, wm.D)
         z = out["z"].detach().reshape(-1, wm.G, wm.K)
-        start_cont = 1.0 - batch["is_terminal"].reshape(-1).float()
-        if self._reinforce:
-            return self._imagine_reinforce(h, z, start_cont)
-        return self._imagine_through_dynamics(h, z, start_cont)
+        return h, z, 1.0 - batch["is_terminal"].reshape(-1).float()
 
-    def _imagine_reinforce(self, h: torch.Tensor, z: torch.Tensor,
-                           start_cont: torch.Tensor) -> Imagined:
+    def _imagine_reinforce(self, h: torch.Tensor, z: torch.Tensor, start_cont: torch.Tensor,
+                           actor: Actor | None = None, critic: Critic | None = None
+                           ) -> Imagined:
         """REINFORCE: imagination needs no gradient (`WorldModel.imagine_no_grad`). The
         actor's distributions at steps 0..H-1 (the same function of the same states that
         chose the actions) and the critic's logits are then computed in one batched call
         each; step H's value carries no gradient, and one softmax of the critic's logits
         serves its values and its loss."""
-        t, actor, critic = self.config.train, self.actor, self.critic
+        t, actor, critic = self.config.train, actor or self.actor, critic or self.critic
         with self.autocast():  # heads' outputs are fp32 (cast before the two-hot means)
             with frozen(self.wm), torch.no_grad():
                 feat, action = self.wm.imagine_no_grad(actor, h, z, t.horizon,
@@ -362,11 +392,12 @@ class Agent:
         return Imagined(feat, action, reward, cont, value, dist, critic_logits, probs)
 
     def _imagine_through_dynamics(self, h: torch.Tensor, z: torch.Tensor,
-                                  start_cont: torch.Tensor) -> Imagined:
+                                  start_cont: torch.Tensor, actor: Actor | None = None,
+                                  critic: Critic | None = None) -> Imagined:
         """Backprop through the dynamics: the actor sees sg(feat) and its reparameterised
         actions carry the gradient through the frozen world model and critic; its
         distributions are kept step by step."""
-        t, actor, critic = self.config.train, self.actor, self.critic
+        t, actor, critic = self.config.train, actor or self.actor, critic or self.critic
         dists = []
 
         def policy(f):
@@ -410,7 +441,7 @@ class Agent:
         loss, m = actor_loss(self.actor, im.dist, im.action, ret, im.value, weight, scale, t)
         metrics.update(m)
         metrics["actor/grad_norm"], ok = self._step(self.opt_actor, loss,
-                                                    self.actor.parameters(), t.actor_clip)
+                                                    self.actor.parameters(), self.clip("actor"))
         return ok
 
     def _critic_loss(self, batch: dict, out: dict, im: Imagined, ret, weight, metrics: dict):
@@ -439,10 +470,9 @@ class Agent:
         return replay_critic_loss(self.critic, out["feat"], rep_ret, ends, t, grad=self._joint)
 
     def _critic_step(self, loss: torch.Tensor, metrics: dict) -> torch.Tensor:
-        t = self.config.train
         metrics["critic/grad_norm"], ok = self._step(self.opt_critic, loss,
                                                      self.critic.net.parameters(),
-                                                     t.critic_clip)
+                                                     self.clip("critic"))
         return ok
 
     def _joint_step(self, wm_loss, c_loss, r_loss, metrics: dict):
@@ -457,9 +487,9 @@ class Agent:
         (wm_loss + c_loss).backward()
         metrics["world_model/grad_norm"], wm_ok = self._apply(
             self.opt_wm, wm_loss.detach() + t.replay_value_scale * r_loss.detach(),
-            wm_params, t.model_clip)
+            wm_params, self.clip("world_model"))
         metrics["critic/grad_norm"], critic_ok = self._apply(
-            self.opt_critic, c_loss, critic_params, t.critic_clip)
+            self.opt_critic, c_loss, critic_params, self.clip("critic"))
         return wm_ok, critic_ok
 
     def _imagination_metrics(self, im: Imagined, ret, scale) -> dict[str, torch.Tensor]:

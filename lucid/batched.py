@@ -166,7 +166,7 @@ class BatchedAgents:
                 p.grad = None if g is None else g[k]
                 params.append(p)
             opt = agent.optimizers()[part]
-            norm, ok = agent._apply(opt, reported[k], params, _clip(agent, part))
+            norm, ok = agent._apply(opt, reported[k], params, agent.clip(part))
             norms.append(norm)
             oks.append(ok)
         for n in names:
@@ -242,7 +242,3 @@ def _row(batch: dict, k: int) -> dict:
     """Seed k's batch of a stacked one."""
     return {n: _row(v, k) if isinstance(v, dict) else v[k] for n, v in batch.items()}
 
-
-def _clip(agent: Agent, part: str) -> float:
-    t = agent.config.train
-    return {"world_model": t.model_clip, "actor": t.actor_clip, "critic": t.critic_clip}[part]

@@ -237,15 +237,19 @@ class Critic(nn.Module):
             s.lerp_(f, fraction)
 
 
-def actor_loss(actor: Actor, params, action: torch.Tensor, ret: torch.Tensor,
-               value: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-               tcfg: TrainConfig):
-    """Eq. 11 over imagined steps 0..H-1 (`params` and `action` of those steps; `ret` (H, N);
-    `value` and `weight` (H+1, N)). REINFORCE with advantages (R - v) / max(1, S) where
-    `uses_reinforce`; otherwise backprop of (R - sg(v)) / max(1, S) through the dynamics
-    (of (R - v) / max(1, S) with `actor_baseline_grad`, as the authors' code). Entropy bonus."""
+def advantage(ret: torch.Tensor, value: torch.Tensor, scale: torch.Tensor,
+              tcfg: TrainConfig) -> torch.Tensor:
+    """(R - v) / max(1, S) at imagined steps 0..H-1 (`ret` (H, N), `value` (H+1, N)); the
+    baseline carries no gradient unless `actor_baseline_grad` (the authors' code)."""
     base = value[:-1] if tcfg.actor_baseline_grad else value[:-1].detach()
-    adv = (ret - base) / scale
+    return (ret - base) / scale
+
+
+def policy_loss(actor: Actor, params, action: torch.Tensor, adv: torch.Tensor,
+                weight: torch.Tensor, tcfg: TrainConfig):
+    """Eq. 11 for given advantages `adv` (H, N) of imagined steps 0..H-1 (`params` and
+    `action` of those steps, `weight` (H+1, N)): REINFORCE where `uses_reinforce`, else
+    backprop of the advantages through the dynamics; plus the entropy bonus."""
     if uses_reinforce(actor.spec, tcfg):
         logp = actor.log_prob(params, action.detach())
         if logp.shape != adv.shape:  # a broadcast here would silently mix up steps
@@ -258,6 +262,16 @@ def actor_loss(actor: Actor, params, action: torch.Tensor, ret: torch.Tensor,
     loss = -(weight[:-1].detach() * (objective + tcfg.entropy * ent)).mean()
     return loss, {"actor/loss": loss, "actor/entropy": ent.mean(),
                   "actor/advantage_mag": adv.detach().abs().mean()}
+
+
+def actor_loss(actor: Actor, params, action: torch.Tensor, ret: torch.Tensor,
+               value: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+               tcfg: TrainConfig):
+    """Eq. 11 over imagined steps 0..H-1 (`params` and `action` of those steps; `ret` (H, N);
+    `value` and `weight` (H+1, N)). REINFORCE with advantages (R - v) / max(1, S) where
+    `uses_reinforce`; otherwise backprop of (R - sg(v)) / max(1, S) through the dynamics
+    (of (R - v) / max(1, S) with `actor_baseline_grad`, as the authors' code). Entropy bonus."""
+    return policy_loss(actor, params, action, advantage(ret, value, scale, tcfg), weight, tcfg)
 
 
 def _value_loss(critic: Critic, logits: torch.Tensor, feat: torch.Tensor, ret: torch.Tensor,

@@ -180,6 +180,10 @@ class NatureAgent:
         return logp, ent
 
     @torch.no_grad()
+    def acting(self, env_steps: int):
+        """What acts in the training envs: this agent (`Agent.acting`)."""
+        return self
+
     def policy(self, obs: dict[str, torch.Tensor], state: NatureState | None = None,
                explore: bool = True, is_first: torch.Tensor | None = None):
         """One step for N envs: model-space actions (N, A) and the next state."""
@@ -267,9 +271,8 @@ class NatureAgent:
         loss = sum(scales[k] * v.mean() for k, v in losses.items())
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        grads = [p.grad for p in self.trained_parameters() if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g)
-                                                     for g in grads]))
+        norm = torch.nn.utils.get_total_norm(
+            [p.grad for p in self.trained_parameters() if p.grad is not None], foreach=True)
         ok = torch.isfinite(norm) & torch.isfinite(loss.detach())
         self.opt.found_inf = (~ok).float()
         self.opt.step()

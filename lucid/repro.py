@@ -98,13 +98,18 @@ def run_seeds(env: str, seeds: Sequence[int], steps: int, out: str | Path,
             log.close()
             if proc.returncode:
                 failed.append(seed)
-                tail = (out / f"seed-{seed}.log").read_text().splitlines()[-5:]
-                echo(f"seed {seed} failed (exit {proc.returncode}); its log ends:\n  "
-                     + "\n  ".join(tail))
-            else:
-                echo(f"seed {seed} done")
+            _said_done(echo, f"seed {seed}", proc.returncode, out / f"seed-{seed}.log")
     return [d for s, d in ((s, out / SEED_DIR.format(s)) for s in seeds)
             if (d / "episodes.jsonl").exists()]
+
+
+def _said_done(echo, what: str, code: int, log_path: Path) -> None:
+    """Say that a seed's process ended: done, or failed with the end of its log."""
+    if code:
+        tail = log_path.read_text().splitlines()[-5:]
+        echo(f"{what} failed (exit {code}); its log ends:\n  " + "\n  ".join(tail))
+    else:
+        echo(f"{what} done")
 
 
 def _run_batched(env, seeds, steps, out: Path, preset, overrides, echo) -> list[Path]:
@@ -117,11 +122,7 @@ def _run_batched(env, seeds, steps, out: Path, preset, overrides, echo) -> list[
     with open(log_path, "a") as log:
         code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL).returncode
-    if code:
-        tail = log_path.read_text().splitlines()[-5:]
-        echo(f"the seeds' run failed (exit {code}); its log ends:\n  " + "\n  ".join(tail))
-    else:
-        echo("seeds done")
+    _said_done(echo, "the seeds' run", code, log_path)
     return [d for d in seed_dirs(out) if (d / "episodes.jsonl").exists()]
 
 

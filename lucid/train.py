@@ -147,7 +147,8 @@ class Trainer(LearningRun):
         """One collection step (random actions during prefill); a bad env step stops the run
         with a checkpoint (the step never reached the replay). Returns finished episodes."""
         c = self.counters
-        policy = None if c["env_steps"] < self.cfg.train.prefill else self.agent
+        policy = None if c["env_steps"] < self.cfg.train.prefill else \
+            self.agent.acting(c["env_steps"])  # the task policy, or an explorer
         try:
             n, finished = self._collect(policy)
         except (ValueError, KeyError, EnvError) as exc:  # NaN, wrong shape, crashing
