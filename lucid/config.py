@@ -277,12 +277,53 @@ RESUME_SETTABLE = ("run.steps", "run.device", "run.log_every", "run.eval_every",
 
 
 @dataclass
+class ExploreConfig:
+    # Curiosity (docs/exploration.md). "p2e" (Plan2Explore): an ensemble's disagreement about
+    # the next latent is an intrinsic reward, which an exploration actor-critic maximizes in
+    # imagination and which acts in the envs; the task actor-critic learns from the same
+    # world model on the env's reward and is the one evaluated. "none": the paper's agent.
+    method: str = "none"  # "none" or "p2e" (Plan2Explore)
+    # Env steps (prefill included) during which the exploration policy acts on the intrinsic
+    # reward alone: the reward-free phase. Rewards are still recorded, so the task policy
+    # learns offline meanwhile (the periodic evaluations are zero-shot).
+    reward_free_steps: int = 0  # length of the reward-free phase (0: none)
+    # Who acts after the reward-free phase: "explore" (the exploration policy, on
+    # extr_scale·extrinsic + intr_scale·intrinsic, the authors' setting) or "task" (the task
+    # policy: few-shot fine-tuning).
+    then: str = "explore"  # "explore" or "task"
+    extr_scale: float = 1.0  # weight of the env's reward in the exploration actor's advantage
+    intr_scale: float = 0.1  # weight of the disagreement (each return normalized on its own)
+    # Divide the disagreement by a running mean of itself (decay train.return_norm_decay), so
+    # that it is about 1 per step whatever the latent's size; false: the raw variance, which
+    # DreamerV3's return normalizer (floor 1) leaves too small to steer the explorer.
+    intr_norm: bool = True  # divide the disagreement by its running mean
+    # What the ensemble predicts of the next step: "embed" (the encoder's embedding of the
+    # next observation, as the Plan2Explore paper) or "latent" (the next posterior z, the
+    # authors' 2023 DreamerV3 code). A small model's posterior can stay near uniform (the
+    # history in h carries the state), leaving z a coin toss no member can learn.
+    target: str = "embed"  # what the ensemble predicts: "embed" or "latent"
+    # The exploration actor's entropy scale (null: train.entropy, the task actor's): a
+    # larger one keeps the explorer from settling on one path while the ensemble catches up.
+    entropy: Optional[float] = None  # the exploration actor's entropy scale (null: train.entropy)
+    members: int = 8  # predictors in the ensemble
+    layers: int = 5  # hidden layers of each member
+    units: Optional[int] = None  # their width (null: the model size's dense units; authors 1024)
+    lr: float = 1e-4  # the ensemble's Adam
+    eps: float = 1e-5  # its epsilon
+    clip: float = 100.0  # its gradient-norm clip
+
+
+EXPLORE_METHODS = ("none", "p2e")
+
+
+@dataclass
 class Config:
     preset: str = "default"
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    explore: ExploreConfig = field(default_factory=ExploreConfig)
 
 
 # The config's sections (env, model, train, run): a `section.key=value` names one of them.
@@ -449,6 +490,37 @@ def _glued_keys(tree: Any) -> list[str]:
         k for v in tree.values() for k in _glued_keys(v)]
 
 
+def _explore_checks(cfg: Config) -> list[tuple[bool, str]]:
+    e = cfg.explore
+    p2e = e.method == "p2e"
+    return [
+        (e.method in EXPLORE_METHODS, f"explore.method must be one of "
+         f"{', '.join(EXPLORE_METHODS)}, not {e.method!r}" + suggest(str(e.method),
+                                                                    EXPLORE_METHODS)),
+        (e.then in ("explore", "task"), f"explore.then must be 'explore' or 'task', not "
+         f"{e.then!r}"),
+        (e.target in ("embed", "latent"), f"explore.target must be 'embed' or 'latent', not "
+         f"{e.target!r}"),
+        (e.reward_free_steps >= 0 and e.extr_scale >= 0 and e.intr_scale >= 0,
+         "explore.reward_free_steps, explore.extr_scale and explore.intr_scale must be >= 0"),
+        (e.members >= 2 and e.layers >= 0 and (e.units is None or e.units >= 1),
+         "explore.members must be >= 2, explore.layers >= 0 and explore.units >= 1 (or null)"),
+        (e.entropy is None or e.entropy >= 0, "explore.entropy must be >= 0 (or null)"),
+        (e.lr >= 0 and e.eps >= 0 and e.clip > 0,
+         "explore.lr and explore.eps must be >= 0 and explore.clip > 0"),
+        (not p2e or e.intr_scale > 0, "explore.method=p2e explores on the disagreement: "
+         "explore.intr_scale must be > 0"),
+        (not p2e or e.reward_free_steps > 0 or e.then == "explore",
+         "explore.method=p2e with explore.then=task and explore.reward_free_steps=0 never "
+         "lets the exploration policy act: set explore.reward_free_steps, or "
+         "explore.then=explore"),
+        (not p2e or cfg.model.recipe == "2023", "explore.method=p2e builds on the 2023 "
+         "recipe's agent for now: leave model.recipe=2023"),
+        (not p2e or cfg.run.runners == "local", "explore.method=p2e chooses on the learner "
+         "which policy acts, so it steps local envs (run.runners=local) for now"),
+    ]
+
+
 def validate(cfg: Config) -> None:
     """Refuse impossible combinations before anything runs."""
     if cfg.model.recipe not in RECIPES:
@@ -515,6 +587,7 @@ def validate(cfg: Config) -> None:
         (cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1"),
         (cfg.env.max_restarts >= 0, "env.max_restarts must be >= 0"),
         (cfg.run.runners in ("local", "ray"), "run.runners must be 'local' or 'ray'"),
+        *_explore_checks(cfg),
         (min(cfg.run.num_runners, cfg.run.envs_per_runner, cfg.run.runner_chunk,
              cfg.run.weight_sync_every) >= 1,
          "run.num_runners, run.envs_per_runner, run.runner_chunk and run.weight_sync_every "

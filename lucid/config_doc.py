@@ -25,7 +25,7 @@ from pathlib import Path
 from . import config as C
 
 SECTIONS = [("env", C.EnvConfig), ("model", C.ModelConfig), ("train", C.TrainConfig),
-            ("run", C.RunConfig)]
+            ("run", C.RunConfig), ("explore", C.ExploreConfig)]
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
 # Descriptions of the fields that have no comment of their own in lucid/config.py. A comment

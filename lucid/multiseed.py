@@ -18,6 +18,7 @@ from typing import Sequence
 from . import checkpoint as ckpt
 from .batched import BatchedAgents, stack_batches
 from .config import Config, ConfigError
+from .resume import saved_config
 from .rundir import claim_run_dir
 from .seeds import SEED_DIR, seed_dirs
 from .stops import NonFiniteError, SignalStop, disk_full_error
@@ -32,6 +33,10 @@ def _for_seeds(cfg: Config) -> Config:
         raise ConfigError("--seeds batches agents of model.recipe=2023 for now; train the "
                           "Nature recipe's seeds as separate runs (lucid repro without "
                           "--batched)")
+    if cfg.explore.method != "none":
+        raise ConfigError(f"--seeds batches the paper's agent; explore.method="
+                          f"{cfg.explore.method} trains its seeds as separate runs for now "
+                          f"(lucid repro without --batched)")
     if t.compile or t.cuda_graph:
         raise ConfigError("--seeds trains without train.compile and train.cuda_graph for "
                           "now: leave them unset (null) or set them false")
@@ -87,6 +92,8 @@ class SeedsTrainer:
         if not dirs:
             raise ConfigError(f"{base} holds no seed-S run directories: it is not a "
                               f"multi-seed run (resume a single run without --seeds)")
+        for d in dirs:  # a config the batched update refuses builds no agent first
+            _for_seeds(saved_config(d, set_aside=False)[0])
         trainers: list[Trainer] = []
         try:
             for i, d in enumerate(dirs):

@@ -13,7 +13,8 @@ from lucid import config as C
 from lucid import config_doc
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ["docs/architecture.md", "docs/troubleshooting.md", "docs/configuration.md"]
+CHECKED = ["docs/architecture.md", "docs/troubleshooting.md", "docs/configuration.md",
+           "docs/exploration.md"]
 
 
 def test_configuration_md_is_up_to_date():
