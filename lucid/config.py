@@ -302,8 +302,8 @@ class ExploreConfig:
     # authors' 2023 DreamerV3 code). A small model's posterior can stay near uniform (the
     # history in h carries the state), leaving z a coin toss no member can learn.
     target: str = "embed"  # what the ensemble predicts: "embed" or "latent"
-    # The exploration actor's entropy scale (null: train.entropy, the task actor's): a
-    # larger one keeps the explorer from settling on one path while the ensemble catches up.
+    # The exploration actor's entropy scale; null takes train.entropy, the task actor's
+    # (docs/exploration.md measures a larger one).
     entropy: Optional[float] = None  # the exploration actor's entropy scale (null: train.entropy)
     members: int = 8  # predictors in the ensemble
     layers: int = 5  # hidden layers of each member
