@@ -49,6 +49,7 @@ def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--tasks", nargs="+", default=list(TASKS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--preset", help="every task's preset (default: the task's own)")
     p.add_argument("--runs-dir", default="runs/learning")
     p.add_argument("--json", default="benchmarks/results/learning.json")
     p.add_argument("overrides", nargs="*", help="extra section.key=value for every run "
@@ -57,6 +58,7 @@ def main(argv=None):
     results = []
     for name in a.tasks:
         env, preset, threshold, minutes, extra = TASKS[name]
+        preset = a.preset or preset
         for seed in a.seeds:
             run_dir = Path(a.runs_dir) / f"{name}-s{seed}-{time.strftime('%H%M%S')}"
             cmd = [sys.executable, "-m", "lucid", "train", env, "--preset", preset,
@@ -66,7 +68,7 @@ def main(argv=None):
             t0 = time.time()
             subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                            stdout=subprocess.DEVNULL)
-            r = {"task": name, "env": env, "seed": seed, "threshold": threshold,
+            r = {"task": name, "env": env, "preset": preset, "seed": seed, "threshold": threshold,
                  "minutes_allowed": minutes, "run_dir": str(run_dir),
                  "process_wall_s": time.time() - t0, **time_to_threshold(ROOT / run_dir, threshold)}
             results.append(r)

@@ -20,6 +20,12 @@ def _built_in(config: Config) -> tuple[type | None, str]:
     return None, ""
 
 
+def replay_fields(config: Config) -> dict:
+    """What the config's agent stores in the replay beside the env's steps (the Nature
+    recipe's latents, `train.replay_context`): name -> (shape, dtype) of one step."""
+    return NatureAgent.context_fields(config) if config.model.recipe == "nature" else {}
+
+
 def agent_class(config: Config) -> type:
     """The class whose `(obs_spec, act_spec, config, device)` makes the run's agent."""
     cls, why = _built_in(config)

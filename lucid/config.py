@@ -140,6 +140,7 @@ class TrainConfig:
     lam: float = 0.95
     train_ratio: float = 512.0  # replayed steps (B*T per update) per environment step
     prefill: int = 1024  # random-action env steps before the first update (authors: B*T)
+    prefill_random: bool = True
     replay_capacity: int = 1_000_000  # steps over all envs
     replay_max_gb: float = 0.0  # also cap the replay at this many GB (0 = no cap)
     replay_memmap: bool = False  # keep the replay in memory-mapped files (capacity > RAM)
@@ -173,6 +174,7 @@ class TrainConfig:
     slow_critic_reg: float = 1.0
     replay_value_scale: float = 0.0  # critic loss on replayed λ-returns (0: 2023; Nature: 0.3)
     replay_value_grad: bool = False  # it also trains the encoder and RSSM (Nature: true)
+    replay_context: int = 0
     return_norm_decay: float = 0.99
     return_norm_low: float = 5.0  # percentile
     return_norm_high: float = 95.0  # percentile
@@ -342,6 +344,29 @@ _CPU_RECIPE: dict[str, Any] = {
               "replay_value_scale": 0.3},
 }
 
+# The Nature recipe's training settings (the authors' current configs.yaml `agent`).
+_NATURE_TRAIN: dict[str, Any] = {"model_lr": 4e-5, "model_eps": 1e-20, "dyn_scale": 1.0,
+                                 "replay_value_scale": 0.3, "replay_value_grad": True,
+                                 "replay_context": 1, "gamma": 1 - 1 / 333}
+
+# suite: (size, envs, train ratio, env steps, env.kwargs)
+_NATURE_SUITES: dict[str, tuple] = {
+    "atari": ("200m", 16, 32, 50_000_000, {"size": 96, "gray": True, "noops": 30}),
+    "atari100k": ("200m", 1, 256, 100_000, {}),
+    "crafter": ("200m", 1, 512, 1_000_000, {}),
+    "dmc-proprio": ("1m", 16, 1024, 500_000, {"repeat": 1}),
+    "dmc-vision": ("200m", 16, 256, 1_000_000, {"repeat": 1}),
+}
+
+
+def _nature_suite(size: str, envs: int, ratio: float, steps: int, env_kwargs: dict) -> dict:
+    return {"env": {"num_envs": envs, "kwargs": env_kwargs},
+            "model": {"recipe": "nature", "size": size},
+            "train": {**_NATURE_TRAIN, "train_ratio": ratio, "replay_capacity": 5_000_000,
+                      "prefill_random": False},
+            "run": {"steps": steps}}
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     # The paper's settings, as published: "default" is XS (ModelConfig's default size, as
     # RLlib's); the suites take the sizes, train ratios and env counts of the authors' 2023
@@ -367,10 +392,21 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The Nature (2025) recipe as the authors' current code sets it (configs.yaml `agent`):
     # one LaProp optimizer (lr 4e-5, eps 1e-20), dyn loss 1.0, the replay value loss (0.3)
     # with its gradient into the world model, γ = 1 - 1/333 (their `horizon`).
-    "nature": {"model": {"recipe": "nature", "size": "12m"},
-               "train": {"model_lr": 4e-5, "model_eps": 1e-20, "dyn_scale": 1.0,
-                         "replay_value_scale": 0.3, "replay_value_grad": True,
-                         "gamma": 1 - 1 / 333}},
+    "nature": {"model": {"recipe": "nature", "size": "12m"}, "train": _NATURE_TRAIN},
+    # The Nature recipe's suites as the authors' current configs.yaml sets them (`atari`,
+    # `atari100k`, `crafter`, `dmc_proprio`, `dmc_vision`): its default size (200m) except
+    # DMC proprio's 1m, 16 envs except Atari100k's and Crafter's 1, its train ratios, a
+    # replay of 5e6 steps, Atari at 96x96 grayscale with 30 no-ops and DMC without action
+    # repeat; the policy acts from the first step (no random prefill) and updates start
+    # once the replay holds B*T steps. Each runs the budget of the paper's results.
+    **{f"nature-{suite}": _nature_suite(*spec) for suite, spec in _NATURE_SUITES.items()},
+    # The Nature recipe on a laptop CPU: size 1m with cpu-control's batches and train ratio,
+    # its one learning rate 2.5x the authors' (1e-4) and warmed up over 100 updates.
+    "nature-cpu": {"env": {"num_envs": 1}, "model": {"recipe": "nature", "size": "1m"},
+                   "train": {**_NATURE_TRAIN, "batch_size": 8, "batch_length": 32,
+                             "train_ratio": 32, "prefill": 1000, "model_lr": 1e-4,
+                             "lr_warmup": 100},
+                   "run": {"steps": 30_000}},
     # Measured to learn small control tasks fastest on a 2-core CPU (see docs/presets.md):
     # the paper's algorithm with a small model, shorter windows, a lower train ratio,
     # 3x (world model) / 10x (actor, critic) the paper's learning rates and the Nature
@@ -544,8 +580,15 @@ def validate(cfg: Config) -> None:
          "train.replay_value_grad=true trains the world model through the replay value loss, "
          "which train.replay_value_scale=0 turns off: set train.replay_value_scale "
          "(0.3 in the Nature paper) or train.replay_value_grad=false"),
-        (t.replay_capacity >= t.batch_length * cfg.env.num_envs,
-         "train.replay_capacity must hold at least one batch_length window per env"),
+        (t.replay_context in (0, 1), "train.replay_context must be 0 (windows start from "
+         "the zero state) or 1 (from the stored state of the step before)"),
+        (not t.replay_context or cfg.model.recipe == "nature",
+         "train.replay_context=1 stores the Nature recipe's latents: the 2023 recipe starts "
+         "each window from its learned initial state (set model.recipe=nature, or "
+         "train.replay_context=0)"),
+        (t.replay_capacity >= (t.batch_length + t.replay_context) * cfg.env.num_envs,
+         "train.replay_capacity must hold at least one window (train.batch_length + "
+         "train.replay_context steps) per env"),
         (t.continuous_grad in ("dynamics", "reinforce"),
          "train.continuous_grad must be 'dynamics' or 'reinforce'"),
         (t.precision in (None, "fp32", "bf16"),

@@ -103,6 +103,15 @@ DESCRIPTIONS: dict[str, str] = {
     "train.slow_critic_fraction": "EMA rate of the slow critic copy per update",
     "train.slow_critic_reg": "weight of the critic's regulariser towards the slow copy",
     "train.return_norm_decay": "EMA decay of the return percentiles",
+    "train.prefill_random": "`true`: the train.prefill steps take uniformly random actions; "
+                            "`false`: the policy acts from the first step, and the updates "
+                            "still wait for train.prefill steps (the authors' current code, "
+                            "which starts once its replay holds B·T steps)",
+    "train.replay_context": "model.recipe=nature: `1` stores each step's latent state (h, z) "
+                            "in the replay, as the policy saw it and then as each update "
+                            "inferred it, and starts a training window from the stored state "
+                            "of the step before it (the authors' replay_context); `0` starts "
+                            "every window from the zero state",
     "train.continuous_grad": "how an actor over Box actions only learns: `dynamics` "
                              "(backprop through the world model, the 2023 paper) or "
                              "`reinforce` (the 2025 paper); spaces with discrete actions, "

@@ -2,8 +2,11 @@
 one optimizer (optim.LaProp), with the interface lucid's loop uses (`policy`, `train_step`,
 `state_dict`), as the authors' `Agent.train` and `Agent.loss` (danijar/dreamerv3):
 
-    1. observe the replayed (B, T) windows from the zero state, resets masking h, z and the
-       previous action; the world model's losses on the posterior states;
+    1. observe the replayed (B, T) windows, resets masking h, z and the previous action,
+       from the state stored with the step before each window (`train.replay_context`: the
+       replay holds each step's latents, written when the policy acted and rewritten by each
+       update that replays the step) or from the zero state; the world model's losses on the
+       posterior states;
     2. imagine H = 15 steps from every posterior state with the policy (no gradient reaches
        the world model), then predict rewards, continue probabilities and values;
     3. policy (REINFORCE for every action space) and value losses of the imagined rows; the
@@ -12,15 +15,14 @@ one optimizer (optim.LaProp), with the interface lucid's loop uses (`policy`, `t
     4. one backward pass of the scaled sum, one LaProp step over all networks, and the slow
        critic moved 2% toward the critic.
 
-Not yet here (issue 40): latents stored in replay to start windows from (the authors' replay
-context), bf16, compile and the CUDA graph, and the `model.recipe` key that makes `lucid
-train` build this agent.
+Not yet here (issue 40): bf16, compile and the CUDA graph.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .nature_losses import (PercentileNorm, continue_loss, continue_target, image_loss,
@@ -96,6 +98,40 @@ class NatureAgent:
         self.opt = LaProp(self.trained_parameters(), lr=self.s.lr, agc=self.s.agc,
                           eps=self.s.eps, warmup=self.s.warmup)
         self.updates = 0
+        self.context = config.train.replay_context  # steps before each window: 0 or 1
+        self._latents: tuple[torch.Tensor, torch.Tensor] | None = None  # of the last update
+
+    @staticmethod
+    def context_fields(config: Config) -> dict[str, tuple[tuple, np.dtype]]:
+        """The replay fields of each step's latent state (`train.replay_context`): h in
+        float32, z as its classes + 1 per latent, where 0 means none was stored (steps of
+        random actions): the zero state."""
+        if not config.train.replay_context:
+            return {}
+        s = NATURE_SIZES[config.model.size]
+        return {"latent/h": ((s.deter,), np.dtype(np.float32)),
+                "latent/z": ((s.stoch,), np.dtype(np.uint8))}
+
+    @staticmethod
+    def _stored(h: torch.Tensor, z: torch.Tensor) -> dict[str, np.ndarray]:
+        return {"latent/h": h.detach().float().cpu().numpy(),
+                "latent/z": (z.detach().argmax(-1) + 1).to(torch.uint8).cpu().numpy()}
+
+    def _unstored(self, h: torch.Tensor, code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        code = code.long()
+        z = one_hot((code - 1).clamp(min=0), self.size.classes, h.dtype)
+        return h, z * (code > 0).to(h.dtype)[..., None]
+
+    def replay_record(self, state: NatureState) -> dict[str, np.ndarray]:
+        """The latents of the steps just acted on, for their replay records (`Collector`)."""
+        return self._stored(state.h, state.z) if self.context else {}
+
+    def replay_writes(self) -> dict[str, np.ndarray]:
+        """The posterior latents the last update inferred for its window's steps, (B, T)
+        each, to refresh the replay's (the authors' `replay.update`); {} without context."""
+        if not self.context or self._latents is None:
+            return {}
+        return self._stored(*self._latents)
 
     def check_optimizers(self) -> None:
         """Every network's parameters are in the optimizer (as Agent.check_optimizers)."""
@@ -123,20 +159,23 @@ class NatureAgent:
         return NatureState(zeros(n, s.deter), zeros(n, s.stoch, s.classes),
                            zeros(n, self.act_spec.dim))
 
-    def _sample_z(self, logits: torch.Tensor) -> torch.Tensor:
-        """A one-hot sample of the 1%-unimix categoricals, straight-through."""
-        return onehot_sample(unimix_logits(logits, self.s.unimix))
+    def _sample_z(self, logits: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+        """A one-hot sample of the 1%-unimix categoricals, straight-through (`u`: its
+        uniforms (N, stoch, 1), if drawn beforehand)."""
+        return onehot_sample(unimix_logits(logits, self.s.unimix), u=u)
 
-    def obs_step(self, state: NatureState, tokens: torch.Tensor, reset: torch.Tensor):
-        """Reset rows (zeros), h' = core(h, z, a), z' ~ post(h', tokens). Returns the new
-        state (its action slot: the previous action) and the posterior logits."""
+    def obs_step(self, state: NatureState, tokens: torch.Tensor, reset: torch.Tensor,
+                 u: torch.Tensor | None = None):
+        """Reset rows (zeros), h' = core(h, z, a), z' ~ post(h', tokens) (`u`: the
+        sample's uniforms). Returns the new state (its action slot: the previous action) and
+        the posterior logits."""
         keep = (~reset).float()
         h = state.h * keep[:, None]
         z = state.z * keep[:, None, None]
         a = state.action * keep[:, None]
         h = self.wm.rssm.core(h, z, a)
         logits = self.wm.rssm.post_logits(h, tokens)
-        return NatureState(h, self._sample_z(logits), a), logits
+        return NatureState(h, self._sample_z(logits, u), a), logits
 
     def feat(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return torch.cat([h, z.flatten(-2)], -1)
@@ -153,16 +192,33 @@ class NatureAgent:
             normal = (torch.tanh(self.actor.mean(x)), std)
         return logits, normal
 
-    def _sample_action(self, feat: torch.Tensor, explore: bool = True) -> torch.Tensor:
+    def sample_action(self, feat: torch.Tensor, explore: bool = True,
+                       noise: torch.Tensor | None = None) -> torch.Tensor:
+        """A sample of the policy (`explore`; `noise`: its random numbers drawn beforehand,
+        in `noise`'s layout) or its mode."""
         logits, normal = self._policy_parts(feat)
-        parts = []
-        for lg in logits:  # categorical without unimix
-            parts.append(onehot_sample(torch.log_softmax(lg, -1), straight_through=False)
+        parts, box = [], normal is not None
+        for k, lg in enumerate(logits):  # categorical without unimix
+            u = None if noise is None else noise[:, k:k + 1] if box else noise[:, k]
+            parts.append(onehot_sample(torch.log_softmax(lg, -1), straight_through=False, u=u)
                          if explore else one_hot(lg.argmax(-1), lg.shape[-1], lg.dtype))
-        if normal is not None:
+        if box:
             mean, std = normal
-            parts.append(mean + std * torch.randn_like(mean) if explore else mean)
+            eps = torch.randn_like(mean) if noise is None else noise[:, len(logits):]
+            parts.append(mean + std * eps if explore else mean)
         return torch.cat(parts, -1)
+
+    def noise(self, n: int) -> torch.Tensor:
+        """The random numbers of one policy sample for n rows, drawn in advance, as the
+        2023 `Actor.noise` lays them out: uniforms (n, groups, 1) for categoricals, normals
+        (n, A) for Box dimensions, and for both (n, groups + A), the uniforms first."""
+        groups = len(self.actor.logits)
+        box = 0 if self.actor.mean is None else self.actor.mean.out_features
+        if not box:
+            return torch.rand(n, groups, 1, device=self.device)
+        eps = torch.randn(n, box, device=self.device)
+        return torch.cat([torch.rand(n, groups, device=self.device), eps], -1) if groups \
+            else eps
 
     def _logp_entropy(self, feat: torch.Tensor, action: torch.Tensor):
         logits, normal = self._policy_parts(feat)
@@ -179,11 +235,11 @@ class NatureAgent:
             ent = ent + dist.entropy().sum(-1)
         return logp, ent
 
-    @torch.no_grad()
     def acting(self, env_steps: int):
         """What acts in the training envs: this agent (`Agent.acting`)."""
         return self
 
+    @torch.no_grad()  # acting records no graph
     def policy(self, obs: dict[str, torch.Tensor], state: NatureState | None = None,
                explore: bool = True, is_first: torch.Tensor | None = None):
         """One step for N envs: model-space actions (N, A) and the next state."""
@@ -195,17 +251,35 @@ class NatureAgent:
             is_first = torch.zeros(n, dtype=torch.bool, device=self.device)
         tokens = self.wm.encoder(obs)
         state, _ = self.obs_step(state, tokens, is_first.to(self.device))
-        action = self._sample_action(self.feat(state.h, state.z), explore)
+        action = self.sample_action(self.feat(state.h, state.z), explore)
         return action, NatureState(state.h, state.z, action)
 
     # ------------------------------------------------------------------ learning
 
-    def _world_model(self, batch: dict):
-        """1. Observe the windows; the world model's per-step losses (B, T) and states."""
+    def _window(self, batch: dict) -> tuple[dict, NatureState]:
+        """The window to learn from and the state before its first step: with replay
+        context, the batch's first row holds that state (the latents stored with it and its
+        action); without, the zero state."""
+        if not self.context:
+            return batch, self.initial(batch["reward"].shape[0])
+        if "latent/h" not in batch or "latent/z" not in batch:
+            raise KeyError("train.replay_context=1: each window starts with the step before "
+                           "it and its stored latents (latent/h, latent/z), which this batch "
+                           "lacks; sample it from the run's replay, or set "
+                           "train.replay_context=0 to start windows from the zero state")
+        h, z = self._unstored(batch["latent/h"][:, 0].float(), batch["latent/z"][:, 0])
+        start = NatureState(h, z, batch["action"][:, 0])
+        rest = lambda v: v[:, 1:]  # noqa: E731
+        window = {k: ({kk: rest(vv) for kk, vv in v.items()} if isinstance(v, dict)
+                      else v if k.startswith("_") else rest(v)) for k, v in batch.items()}
+        return window, start
+
+    def _world_model(self, batch: dict, state: NatureState):
+        """1. Observe the windows from `state`; the world model's per-step losses (B, T)
+        and states."""
         wm, s = self.wm, self.s
         B, T = batch["reward"].shape
         tokens = wm.encoder(batch["obs"])
-        state = self.initial(B)
         hs, zs, post = [], [], []
         for t in range(T):
             state, logits = self.obs_step(state, tokens[:, t], batch["is_first"][:, t])
@@ -238,18 +312,20 @@ class NatureAgent:
         feats, acts = [self.feat(h, z)], []
         with torch.no_grad():
             for _ in range(self.s.horizon):
-                a = self._sample_action(feats[-1])
+                a = self.sample_action(feats[-1])
                 acts.append(a)
                 h = self.wm.rssm.core(h, z, a)
                 z = self._sample_z(self.wm.rssm.prior_logits(h))
                 feats.append(self.feat(h, z))
-            acts.append(self._sample_action(feats[-1]))
+            acts.append(self.sample_action(feats[-1]))
         return torch.stack(feats, 1), torch.stack(acts, 1)
 
     def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
         s, wm, critic = self.s, self.wm, self.critic
+        batch, start = self._window(batch)
         B, T = batch["reward"].shape
-        losses, h, z, feat = self._world_model(batch)
+        losses, h, z, feat = self._world_model(batch, start)
+        self._latents = (h.detach(), z.detach()) if self.context else None
         imfeat, imact = self._imagine(h.detach().reshape(B * T, -1),
                                       z.detach().reshape(B * T, *z.shape[2:]))
         with torch.no_grad():

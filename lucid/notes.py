@@ -20,12 +20,15 @@ def _no_update(cfg: Config, counters: dict, envs: int, ratio, local: bool) -> st
     if not done < steps:
         return None
     if steps <= t.prefill:
-        return (f"run.steps={steps} ends within the {t.prefill} random-action steps of "
+        kind = "random-action " if t.prefill_random else ""
+        return (f"run.steps={steps} ends within the {t.prefill} {kind}steps of "
                 f"train.prefill, so no update will be made; raise --steps or lower "
                 f"train.prefill")
-    if steps < envs * t.batch_length and local:  # (a window lies within one env's steps)
+    window = t.batch_length + t.replay_context  # (a window lies within one env's steps)
+    if steps < envs * window and local:
         return (f"run.steps={steps} gives each of the {envs} env(s) {steps // envs} steps, "
-                f"fewer than one train.batch_length={t.batch_length} window, so no update "
+                f"fewer than one window of {window} (train.batch_length"
+                f"{' + train.replay_context' if t.replay_context else ''}), so no update "
                 f"will be made; raise --steps or lower train.batch_length")
     if ratio.due(steps) <= counters["updates"]:
         trains = steps - max(done, t.prefill)  # the steps that train

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from .agents import replay_fields
 from .config import Config, ConfigError
 from .envs import env_fn
 from .plugins import resolve_id
@@ -55,7 +56,7 @@ def new_counters() -> dict:
 def _check_windows(cfg: Config, short: int) -> None:
     """Refuse a replay that could never give a window of train.batch_length."""
     t = cfg.train
-    if short >= t.batch_length:
+    if short >= t.batch_length + t.replay_context:
         return
     streams = (f"{cfg.run.num_runners} runners x {cfg.run.envs_per_runner} envs"
                if cfg.run.runners == "ray" else f"env.num_envs={cfg.env.num_envs}")
@@ -63,8 +64,9 @@ def _check_windows(cfg: Config, short: int) -> None:
     raise ConfigError(
         f"the replay keeps {short} steps per env stream (train.replay_capacity="
         f"{t.replay_capacity:,}{cap}, {streams}), fewer than train.batch_length="
-        f"{t.batch_length}, so no update could ever run: raise train.replay_capacity or "
-        f"train.replay_max_gb, or use fewer envs")
+        f"{t.batch_length}" + (" + train.replay_context" if t.replay_context else "") +
+        ", so no update could ever run: raise train.replay_capacity or "
+        "train.replay_max_gb, or use fewer envs")
 
 
 def make_replay(cfg: Config, obs_spec, act_spec, run_dir: Path | None, rank: int = 0,
@@ -88,6 +90,9 @@ def make_replay(cfg: Config, obs_spec, act_spec, run_dir: Path | None, rank: int
         parts = [(capacity // n, cfg.run.envs_per_runner, replay_part_seed(seed, i),
                   directory and directory / f"runner-{i}", max_bytes // n) for i in range(n)]
     fields = Replay.space_fields(obs_spec, act_spec.dim)
+    extra = replay_fields(cfg)  # the agent's own (latents), zeros where none was stored
+    fields.update(extra)
+    kw["optional"] = tuple(extra)
     if learn:
         _check_windows(cfg, min(Replay.steps_per_env(fields, c, e, b)
                                 for c, e, _, _, b in parts))

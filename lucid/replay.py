@@ -14,8 +14,14 @@ With `memmap=True` the ring buffer itself lives in memory-mapped files in `direc
 so its capacity can exceed RAM.
 
 `Prefetcher` samples the next batch on a background thread while the learner updates
-(`train.prefetch`). Writes (`add`, `add_chunk`, `restore`) and `sample` hold the
+(`train.prefetch`). Writes (`add`, `add_chunk`, `write`, `restore`) and `sample` hold the
 replay's lock, so a sample never sees a half-written step.
+
+A sample can say where its steps live (`locate`): each env stream numbers its steps from 0
+in the order they were added, and step s sits in slot s % per_env. `write` puts new values
+into fields of steps sampled earlier (the Nature recipe's latents, refreshed by each update),
+skipping those evicted since. Such writes reach the ring, not the chunk files already on
+disk: a restored replay holds each step as it was when its chunk was written.
 """
 
 from __future__ import annotations
@@ -58,11 +64,13 @@ def _step_bytes(fields: dict) -> int:
 class Replay(_Locked):
     def __init__(self, capacity: int, num_envs: int, fields: dict[str, tuple[tuple, np.dtype]],
                  seed: int = 0, directory: str | Path | None = None, chunk_length: int = 1024,
-                 memmap: bool = False, max_bytes: int = 0):
+                 memmap: bool = False, max_bytes: int = 0, optional: tuple[str, ...] = ()):
         """`fields` maps names (observation keys as `obs/<key>`, `action`, `reward`, flags)
         to (shape, dtype) of one step; `capacity` counts steps over all envs, and `max_bytes`
-        (if set) lowers it to what fits in that many bytes."""
+        (if set) lowers it to what fits in that many bytes. The `optional` fields are stored
+        as zeros where an added step lacks them (steps of random actions have no latents)."""
         self.num_envs = num_envs
+        self.optional = frozenset(optional)
         self.fields = {k: (tuple(s), np.dtype(d)) for k, (s, d) in fields.items()}
         self.per_env = self.steps_per_env(self.fields, capacity, num_envs, max_bytes)
         self.directory = Path(directory) if directory is not None else None
@@ -144,7 +152,7 @@ class Replay(_Locked):
         """Append one step of every env: each field shaped (num_envs, ...)."""
         with self.lock:
             for k, arr in self.data.items():
-                arr[:, self.pos] = step[k]
+                arr[:, self.pos] = self._given(step, k)
             self.pos = (self.pos + 1) % self.per_env
             self.count += 1
             if self.directory is not None and self.count - self.persisted >= self.chunk_length:
@@ -158,11 +166,17 @@ class Replay(_Locked):
         with self.lock:
             slots = (self.pos + np.arange(n - keep, n)) % self.per_env
             for k, arr in self.data.items():
-                arr[:, slots] = steps[k][:, n - keep:]
+                given = self._given(steps, k)
+                arr[:, slots] = given[:, n - keep:] if np.ndim(given) else given
             self.pos = (self.pos + n) % self.per_env
             self.count += n
             if self.directory is not None and self.count - self.persisted >= self.chunk_length:
                 self.flush()
+
+    def _given(self, step: dict, k: str):
+        if k in step or k not in self.optional:
+            return step[k]
+        return 0
 
     def can_sample(self, length: int) -> bool:
         return self.stored >= length
@@ -188,11 +202,30 @@ class Replay(_Locked):
     def reseed(self, seed) -> None:
         self.rng = np.random.default_rng(seed)
 
-    def sample(self, batch: int, length: int) -> dict[str, np.ndarray]:
-        """B windows of T steps (copies: later writes do not change them)."""
+    def sample(self, batch: int, length: int, locate: bool = False) -> dict[str, np.ndarray]:
+        """B windows of T steps (copies: later writes do not change them). With `locate`,
+        also `_env` (B,) and `_step` (B, T): where each window's steps live (`write`)."""
         with self.lock:
             env, idx = self.sample_indices(batch, length)
-            return {k: arr[env, idx] for k, arr in self.data.items()}
+            out = {k: arr[env, idx] for k, arr in self.data.items()}
+            if locate:
+                # slot = step % per_env, and the newest step (count - 1) is in slot pos - 1
+                below = (idx - self.pos) % self.per_env  # slots below pos, oldest first
+                out["_env"] = env[:, 0].astype(np.int64)
+                out["_step"] = self.count - self.per_env + below.astype(np.int64)
+            return out
+
+    def write(self, env: np.ndarray, step: np.ndarray, values: dict[str, np.ndarray]) -> int:
+        """Overwrite fields of sampled steps: `values[k]` (B, T, ...) at the steps `step`
+        (B, T) of the env streams `env` (B,) (`sample(locate=True)`), except steps evicted
+        since. Returns how many steps were written."""
+        with self.lock:
+            env = np.broadcast_to(np.asarray(env)[:, None], step.shape)
+            held = step >= max(self.first, self.count - self.per_env)
+            e, s = env[held], step[held] % self.per_env
+            for k, v in values.items():
+                self.data[k][e, s] = np.asarray(v)[held]
+            return int(held.sum())
 
     # ------------------------------------------------------------------ persistence
 
@@ -372,7 +405,8 @@ def to_batch(sample: dict[str, np.ndarray], device: torch.device, pin: bool = Fa
     else:
         move = lambda v: torch.as_tensor(v, device=device)  # noqa: E731
     obs = {k[4:]: move(v) for k, v in sample.items() if k.startswith("obs/")}
-    out = {k: move(v) for k, v in sample.items() if not k.startswith("obs/")}
+    out = {k: v if k.startswith("_") else move(v)  # where the steps live: stays numpy
+           for k, v in sample.items() if not k.startswith("obs/")}
     out["obs"] = obs
     return out
 
@@ -381,7 +415,7 @@ def _tensors(batch: dict):
     for v in batch.values():
         if isinstance(v, dict):
             yield from _tensors(v)
-        else:
+        elif isinstance(v, torch.Tensor):
             yield v
 
 
@@ -406,8 +440,9 @@ class Prefetcher:
     time `get()` blocked the learner since the last call."""
 
     def __init__(self, replay, batch_size: int, length: int, device: torch.device | str,
-                 background: bool = True):
+                 background: bool = True, locate: bool = False):
         self.replay, self.batch_size, self.length = replay, batch_size, length
+        self.locate = locate  # batches say where their steps live (Replay.sample)
         self.device = torch.device(device)
         self.background = background
         self.cuda = self.device.type == "cuda"
@@ -421,7 +456,7 @@ class Prefetcher:
     def _load(self):
         with self.replay.lock:
             self._drawn_from = self.replay.rng_state()
-            sample = self.replay.sample(self.batch_size, self.length)
+            sample = self._sample()
         if self.stream is None:
             return to_batch(sample, self.device), None
         with torch.cuda.stream(self.stream):
@@ -433,7 +468,7 @@ class Prefetcher:
     def get(self) -> dict:
         t0 = time.perf_counter()
         if self._pool is None:
-            batch = to_batch(self.replay.sample(self.batch_size, self.length), self.device)
+            batch = to_batch(self._sample(), self.device)
         else:
             if self._next is None:  # first call (or after drain): nothing in flight yet
                 self._next = self._pool.submit(self._load)
@@ -449,6 +484,11 @@ class Prefetcher:
         self._wait_s += time.perf_counter() - t0
         self._gets += 1
         return batch
+
+    def _sample(self) -> dict:
+        if self.locate:
+            return self.replay.sample(self.batch_size, self.length, locate=True)
+        return self.replay.sample(self.batch_size, self.length)
 
     def rng_state(self) -> dict:
         """The replay's RNG state as if no batch were in flight: a run resumed from a

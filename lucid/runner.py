@@ -189,6 +189,9 @@ class Collector:
     def collect(self, agent, replay) -> tuple[int, list[Episode]]:
         """One vector step into `replay` (`Collection`)."""
         record, finished = self.step(agent)
+        latents = getattr(agent, "replay_record", None)  # the Nature recipe's replay context
+        if latents is not None:
+            record.update(latents(self.state))
         replay.add(record)
         return self.n, finished
 

@@ -134,8 +134,11 @@ class Trainer(LearningRun):
                      f"{moved[0].parent}")
         self._purge_logs_after = None
         # Batches for the updates: sampled on a background thread where the device chose it.
-        self._batches = Prefetcher(self.replay, cfg.train.batch_size, cfg.train.batch_length,
-                                   self.device, background=self.cfg.train.prefetch)
+        # A window of replay context starts with the step before it (its stored latents).
+        context = cfg.train.replay_context
+        self._batches = Prefetcher(self.replay, cfg.train.batch_size,
+                                   cfg.train.batch_length + context, self.device,
+                                   background=self.cfg.train.prefetch, locate=bool(context))
         now = self._session_start = time.time()  # run.time_limit counts from here
         return _Session(logger=logger, start=now - c["wall_time"],
                         rows=MetricRows(c, now), last_ckpt=now, last_ckpt_steps=c["env_steps"],
@@ -147,8 +150,9 @@ class Trainer(LearningRun):
         """One collection step (random actions during prefill); a bad env step stops the run
         with a checkpoint (the step never reached the replay). Returns finished episodes."""
         c = self.counters
-        policy = None if c["env_steps"] < self.cfg.train.prefill else \
-            self.agent.acting(c["env_steps"])  # the task policy, or an explorer
+        t = self.cfg.train
+        random = t.prefill_random and c["env_steps"] < t.prefill
+        policy = None if random else self.agent.acting(c["env_steps"])  # or an explorer
         try:
             n, finished = self._collect(policy)
         except (ValueError, KeyError, EnvError) as exc:  # NaN, wrong shape, crashing
@@ -196,8 +200,13 @@ class Trainer(LearningRun):
         far. Metrics stay on the device (summed until the next log row); the count of
         non-finite steps is the one value read back per update."""
         c, check_every = self.counters, self.cfg.run.dist_check_every
+        context = self.cfg.train.replay_context
         while c["updates"] < self.updates_due() and self._can_sample():
-            metrics = self.agent.train_step(self._batches.get())  # perf/batch_wait_ms
+            batch = self._batches.get()  # perf/batch_wait_ms
+            metrics = self.agent.train_step(batch)
+            if context:  # the latents this update inferred replace the stored ones
+                self.replay.write(batch["_env"], batch["_step"][:, context:],
+                                  self.agent.replay_writes())
             self._count_nonfinite(s, metrics["train/nonfinite_steps"] > 0)
             s.rows.add(metrics)
             c["updates"] += 1
@@ -221,7 +230,8 @@ class Trainer(LearningRun):
         """Whether the replay holds a window, on every data-parallel rank (an update is
         collective: with Ray runners ranks fill at their own pace); once true, true."""
         if not self._sampling:
-            ok = self.replay.can_sample(self.cfg.train.batch_length)
+            t = self.cfg.train
+            ok = self.replay.can_sample(t.batch_length + t.replay_context)
             self._sampling = not self.ranks.any(not ok)
         return self._sampling
 

@@ -88,13 +88,13 @@ def values(preset: str) -> dict:
 # 1e-20, agc 0.3, warmup 1000; loss_scales dyn 1.0, rep 0.1, repval 0.3 with repval_grad;
 # horizon 333 = 1 / (1 - γ); imag_length 15, lam 0.95, actent 3e-4, slowvalue rate 0.02,
 # slowreg 1.0, retnorm perc 5/95 rate 0.01 limit 1, unimix 0.01, free nats 1, policy std in
-# [0.1, 1]) at size12m; nothing else differs from the default
+# [0.1, 1]; replay_context 1) at size12m; nothing else differs from the default
 NATURE = {
     "model.recipe": "nature", "model.size": "12m",
     "train.model_lr": 4e-5, "train.model_eps": 1e-20, "train.agc": 0.3,
     "train.lr_warmup": 1000, "train.dyn_scale": 1.0, "train.rep_scale": 0.1,
     "train.replay_value_scale": 0.3, "train.replay_value_grad": True,
-    "train.gamma": 1 - 1 / 333, "train.horizon": 15, "train.lam": 0.95,
+    "train.replay_context": 1, "train.gamma": 1 - 1 / 333, "train.horizon": 15, "train.lam": 0.95,
     "train.entropy": 3e-4, "train.slow_critic_fraction": 0.02, "train.slow_critic_reg": 1.0,
     "train.return_norm_decay": 0.99, "train.return_norm_low": 5.0,
     "train.return_norm_high": 95.0, "train.return_norm_min_scale": 1.0,
@@ -104,7 +104,8 @@ NATURE = {
 
 
 def test_every_preset_is_pinned():
-    assert set(PRESETS) == set(SUITES) | {"cpu-control", "cpu-pixels", "nature"}
+    assert set(PRESETS) == set(SUITES) | set(NATURE_SUITES) | {"cpu-control", "cpu-pixels",
+                                                               "nature", "nature-cpu"}
 
 
 def test_the_nature_preset_has_the_authors_current_settings():
@@ -151,3 +152,54 @@ def test_cpu_presets_change_only_what_the_docs_say(preset):
     # and so they keep every other setting of the paper
     kept = {k: v for k, v in PAPER.items() if k not in CPU_CHANGES}
     assert {k: got[k] for k in kept} == kept
+
+
+# docs/presets.md, "`nature-cpu`": the Nature preset at size 1m with cpu-control's batches,
+# train ratio, prefill and one env, its one learning rate 1e-4 (2.5x) warmed up over 100
+# updates
+NATURE_CPU_CHANGES = {
+    "model.size": "1m", "train.batch_size": 8, "train.batch_length": 32,
+    "train.train_ratio": 32.0, "train.prefill": 1000, "train.model_lr": 1e-4,
+    "train.lr_warmup": 100,
+}
+
+
+def test_the_nature_cpu_preset_changes_only_what_the_docs_say():
+    got, nature = values("nature-cpu"), values("nature")
+    changed = {k: got[k] for k in got if got[k] != nature[k] and k not in FREE}
+    assert changed == NATURE_CPU_CHANGES
+
+
+# The authors' current configs.yaml per suite (danijar/dreamerv3 main): the `defaults`
+# block's agent (rssm deter 8192, hidden 1024, classes 64; depth 64; units 1024: size200m),
+# run.envs 16, replay.size 5e6, no random agent (the policy acts from the start; training
+# waits for B*T steps in the replay); then `atari: run.train_ratio 32` with env.atari size
+# [96, 96], gray, noops 30; `atari100k: envs 1, train_ratio 256` (64x64 colour, no sticky
+# actions, the needed actions, noops 30: lucid's atari100k suite as it is); `crafter: envs 1,
+# train_ratio 512`; `dmc_proprio: size1m, train_ratio 1024`; `dmc_vision: train_ratio 256`;
+# env.dmc.repeat 1. The budgets are the paper's (frames / repeat), as the 2023 suites'.
+NATURE_SUITES = {
+    "nature-atari": {"model.size": "200m", "env.num_envs": 16, "train.train_ratio": 32.0,
+                     "env.kwargs": {"size": 96, "gray": True, "noops": 30}},
+    "nature-atari100k": {"model.size": "200m", "env.num_envs": 1, "train.train_ratio": 256.0,
+                         "env.kwargs": {}},
+    "nature-crafter": {"model.size": "200m", "env.num_envs": 1, "train.train_ratio": 512.0,
+                       "env.kwargs": {}},
+    "nature-dmc-proprio": {"model.size": "1m", "env.num_envs": 16,
+                           "train.train_ratio": 1024.0, "env.kwargs": {"repeat": 1}},
+    "nature-dmc-vision": {"model.size": "200m", "env.num_envs": 16, "train.train_ratio": 256.0,
+                          "env.kwargs": {"repeat": 1}},
+}
+NATURE_SUITE_COMMON = {"train.replay_capacity": 5_000_000, "train.prefill_random": False}
+
+
+@pytest.mark.parametrize("preset", list(NATURE_SUITES))
+def test_the_nature_suites_have_the_authors_settings(preset):
+    got, nature = values(preset), values("nature")
+    want = {**NATURE_SUITES[preset], **NATURE_SUITE_COMMON}
+    kwargs = want.pop("env.kwargs")
+    assert dict(make_config(preset).env.kwargs) == kwargs
+    changed = {k: got[k] for k in got if got.get(k) != nature.get(k) and k not in FREE
+               and not k.startswith("env.kwargs.")}
+    assert changed == {k: v for k, v in want.items() if nature[k] != v and k not in FREE}
+    assert all(got[k] == v for k, v in want.items())

@@ -247,7 +247,7 @@ def test_a_run_too_short_for_one_window_says_it_makes_no_update(tmp_path, said):
                       run={"steps": 30})) as tr:
         tr.run()
     assert "note: run.steps=30 gives each of the 2 env(s) 15 steps, fewer than one " \
-           "train.batch_length=16 window, so no update will be made" in said()
+           "window of 16 (train.batch_length), so no update will be made" in said()
     assert tr.counters["updates"] == 0
     with Trainer(_cfg(tmp_path / "b", env={"num_envs": 2}, train=over,
                       run={"steps": 34})) as tr:
