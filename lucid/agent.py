@@ -243,6 +243,11 @@ class Agent:
         Returns model-space actions (N, A) and the next state."""
         return self._act(self.actor, obs, state, explore, is_first)
 
+    @torch.no_grad()
+    def initial(self, n: int) -> State:
+        """The recurrent state of n rows at an episode's start."""
+        return self.wm.initial(n)
+
     def acting(self, env_steps: int):
         """What acts in the training envs after `env_steps` steps: an object with `device` and
         `policy` (this agent; an exploring agent's explorer while it explores)."""

@@ -27,7 +27,6 @@ from .device import load_here, preset_for
 from .notes import preset_note
 from .multiseed import SeedsTrainer
 from .train import Trainer
-from .world_model import State
 from .warn import warn
 
 
@@ -57,13 +56,6 @@ def _sections(overrides: dict, call: str) -> dict:
                               f"section__key=value (e.g. train__train_ratio=64) or a dict "
                               f"per section (train={{'train_ratio': 64}})")
     return sections
-
-
-def _refuse_nature(cfg) -> None:
-    if cfg.model.recipe == "nature":
-        raise ConfigError("Dreamer serves model.recipe=2023 agents for now; train the Nature "
-                          "recipe with `lucid train ENV --preset nature` (evaluate it with "
-                          "`lucid eval`)")
 
 
 def train_seeds(env, seeds, total_env_steps: int, preset: str | None = None,
@@ -121,7 +113,6 @@ class Dreamer:
         preset_given = preset is not None
         preset = preset or preset_for(make_config("default", **sections))
         self.cfg, self._run_dir = make_config(preset, **sections), run_dir
-        _refuse_nature(self.cfg)
         # An agent to act with until the first learn(), which claims the run directory:
         # constructing one to predict, evaluate or save writes no files.
         self.trainer = ActingRun(self.cfg)
@@ -192,15 +183,15 @@ class Dreamer:
         if not batched:
             arrays, n = {k: v[None] for k, v in arrays.items()}, 1
         if state is not None:
-            if not isinstance(state, State):
+            blank = self.agent.initial(1)  # the agent's kind of state (each recipe has its own)
+            if not isinstance(state, type(blank)):
                 raise TypeError(f"predict(state=...) takes the state a previous predict "
                                 f"returned (or None), got {type(state).__name__}")
             if state.h.shape[0] != n:
                 raise ValueError(f"predict got a state for {state.h.shape[0]} env(s) and "
                                  f"{n} observation(s); keep one state per batch size, or pass "
                                  f"state=None to start new episodes")
-            wm = self.agent.wm
-            want = ((wm.initial_h.shape[0],), (wm.G, wm.K), (wm.action_dim,))
+            want = tuple(tuple(x.shape[1:]) for x in (blank.h, blank.z, blank.action))
             if (tuple(state.h.shape[1:]), tuple(state.z.shape[1:]),
                     tuple(state.action.shape[1:])) != want:  # another agent's
                 raise ValueError(f"predict got a state of another model (h, z and action of "
@@ -293,7 +284,6 @@ class Dreamer:
             raise ValueError(f"{path} was trained on an env instance (Dreamer({cls_name}(...))),"
                              f" which a checkpoint cannot hold; pass the env again: "
                              f"Dreamer.load(path, env={cls_name}(...))")
-        _refuse_nature(cfg)
         load_here(cfg, device)
         cfg.run.run_dir = None
         self = cls.__new__(cls)
@@ -337,7 +327,4 @@ class Dreamer:
         self.trainer = Trainer(given, path, resume=True, env=None if env is None else _env_id(env),
                                settings=tuple(flatten(sections)))
         self.cfg, self.agent = self.trainer.saved_config(), self.trainer.agent
-        if self.cfg.model.recipe == "nature":
-            self.trainer.close()
-            _refuse_nature(self.cfg)
         return self

@@ -547,7 +547,6 @@ def export_cmd(run_dir: str = typer.Argument(..., help="a run directory, or an a
               "'lucid-rl[export]' (from a checkout: pip install -e '.[export]')")
     from .export import export_onnx
     run = _load_run(run_dir, file_ok=True)
-    _not_for_nature(run.cfg, "lucid export")
     path = export_onnx(run.agent, run.obs_spec, run.act_spec, out,
                        meta={"env": run.cfg.env.id, "preset": run.cfg.preset,
                              "env_steps": run.counters["env_steps"]}, sampled=sampled)

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .nature_agent import NatureAgent, NatureState
 from .specs import ActionSpec, ObsSpec
 from .world_model import State
 
@@ -99,11 +100,18 @@ class PolicyStep(nn.Module):
     def forward(self, *inputs: torch.Tensor):
         k = len(self.keys)
         raw, (h, z, action, is_first, u), noise = inputs[:k], inputs[k:k + 5], inputs[k + 5:]
-        wm, actor = self.agent.wm, self.agent.actor
-        embed = wm.encoder(self._model_obs(list(raw)))
-        state, _ = wm.obs_step(State(h, z, action), embed, is_first, u=u)
-        params = actor.params(wm.feat(state.h, state.z))
-        model_action = actor.sample(params, noise[0]) if self.sampled else actor.mode(params)
+        agent, obs = self.agent, self._model_obs(list(raw))
+        if isinstance(agent, NatureAgent):
+            state, _ = agent.obs_step(NatureState(h, z, action), agent.wm.encoder(obs),
+                                      is_first, u=u)
+            model_action = agent.sample_action(agent.feat(state.h, state.z), self.sampled,
+                                               noise[0] if self.sampled else None)
+        else:
+            wm, actor = agent.wm, agent.actor
+            state, _ = wm.obs_step(State(h, z, action), wm.encoder(obs), is_first, u=u)
+            params = actor.params(wm.feat(state.h, state.z))
+            model_action = actor.sample(params, noise[0]) if self.sampled \
+                else actor.mode(params)
         spec = self.act_spec
         if spec.parts:
             acts = [self._env_action(part, model_action[:, where])
@@ -117,19 +125,32 @@ def _leaf_name(path: tuple) -> str:
     return "/".join(map(str, path))
 
 
+def _noise_layout(agent) -> tuple[int, int]:
+    """The actor's categoricals and Box dimensions: the layout of its `noise`."""
+    if isinstance(agent, NatureAgent):
+        mean = agent.actor.mean
+        return len(agent.actor.logits), 0 if mean is None else mean.out_features
+    return len(agent.actor.groups), agent.actor.n_box
+
+
+def _noise(agent, n: int) -> torch.Tensor:
+    return agent.noise(n) if isinstance(agent, NatureAgent) else agent.actor.noise(n)
+
+
 def signature(agent, obs_spec: ObsSpec, act_spec: ActionSpec, sampled: bool = False) -> dict:
     """Input and output names, shapes (N for the batch) and dtypes of the exported step."""
-    wm, actor = agent.wm, agent.actor
+    blank = agent.initial(1)  # the recurrent state's shapes, either recipe's
+    h, z, a = ([int(d) for d in x.shape[1:]] for x in (blank.h, blank.z, blank.action))
     inputs = [{"name": _name("obs", k if obs_spec.structured else ""), "key": k,
                "shape": ["N", *obs_spec.shape(k)], "dtype": str(obs_spec.dtypes[k])}
               for k in obs_spec.keys()]
-    inputs += [{"name": "h", "shape": ["N", int(wm.initial_h.shape[0])], "dtype": "float32"},
-               {"name": "z", "shape": ["N", wm.G, wm.K], "dtype": "float32"},
-               {"name": "action", "shape": ["N", wm.action_dim], "dtype": "float32"},
+    inputs += [{"name": "h", "shape": ["N", *h], "dtype": "float32"},
+               {"name": "z", "shape": ["N", *z], "dtype": "float32"},
+               {"name": "action", "shape": ["N", *a], "dtype": "float32"},
                {"name": "is_first", "shape": ["N"], "dtype": "bool"},
-               {"name": "u", "shape": ["N", wm.G, 1], "dtype": "float32"}]
+               {"name": "u", "shape": ["N", z[0], 1], "dtype": "float32"}]
     if sampled:  # Actor.noise's layout: uniforms per categorical, then normals per Box dim
-        groups, box = len(actor.groups), actor.n_box
+        groups, box = _noise_layout(agent)
         shape = ["N", groups, 1] if not box else ["N", groups + box]
         inputs.append({"name": "noise", "shape": shape, "dtype": "float32",
                        "uniform": groups, "normal": box})
@@ -147,9 +168,9 @@ def signature(agent, obs_spec: ObsSpec, act_spec: ActionSpec, sampled: bool = Fa
                        env_dtype=str(np.dtype(part.dtype or np.float32)),
                        low=part.low.tolist(), high=part.high.tolist())
         outputs.append(out)
-    outputs += [{"name": "h_next", "shape": ["N", int(wm.initial_h.shape[0])], "dtype": "float32"},
-                {"name": "z_next", "shape": ["N", wm.G, wm.K], "dtype": "float32"},
-                {"name": "action_next", "shape": ["N", wm.action_dim], "dtype": "float32"}]
+    outputs += [{"name": "h_next", "shape": ["N", *h], "dtype": "float32"},
+                {"name": "z_next", "shape": ["N", *z], "dtype": "float32"},
+                {"name": "action_next", "shape": ["N", *a], "dtype": "float32"}]
     return {"inputs": inputs, "outputs": outputs}
 
 
@@ -177,13 +198,14 @@ def export_onnx(agent, obs_spec: ObsSpec, act_spec: ActionSpec, out: str | Path,
         p.requires_grad_(False)
     sig = signature(agent, obs_spec, act_spec, sampled)
     n = 2
-    init = agent.wm.initial(n)
+    init = agent.initial(n)
+    groups = int(init.z.shape[1])
     example = [torch.as_tensor(np.stack([_sample(obs_spec, k) for _ in range(n)]))
                for k in obs_spec.keys()]
     example += [init.h.detach().clone(), init.z.detach().clone(), init.action.detach().clone(),
-                torch.ones(n, dtype=torch.bool), torch.rand(n, agent.wm.G, 1)]
+                torch.ones(n, dtype=torch.bool), torch.rand(n, groups, 1)]
     if sampled:
-        example.append(agent.actor.noise(n))
+        example.append(_noise(agent, n))
     batch = torch.export.Dim("N", min=1, max=65536)
     # torch.onnx's notes on its own internals (the batch axis named twice, its progress lines
     # on stdout) are not the user's business
@@ -201,7 +223,8 @@ def export_onnx(agent, obs_spec: ObsSpec, act_spec: ActionSpec, out: str | Path,
     program.save(str(out))
     from importlib.metadata import version
     info = {"format": "lucid policy step", "lucid": version("lucid-rl"), "opset": OPSET,
-            "greedy": not sampled, **sig, "latent_groups": agent.wm.G, **(meta or {})}
+            "greedy": not sampled, **sig, "latent_groups": groups,
+            "recipe": "nature" if isinstance(agent, NatureAgent) else "2023", **(meta or {})}
     out.with_suffix(".json").write_text(json.dumps(info, indent=1))
     return out
 

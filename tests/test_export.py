@@ -13,6 +13,7 @@ import torch
 from lucid import Dreamer
 from lucid.envs import make_env
 from lucid.export import export_onnx
+from lucid.nature_agent import NatureAgent
 
 ort = pytest.importorskip("onnxruntime")  # a dev dependency: installed by `make test`
 
@@ -38,10 +39,14 @@ def _same(graph, lucid, exact: bool) -> bool:
     return np.allclose(graph.astype(np.float64), lucid.astype(np.float64), atol=1e-4)
 
 
-def _noise(actor) -> np.ndarray:
+def _noise(agent) -> np.ndarray:
     """What predict(deterministic=False) draws for the actor after the latent's uniforms, in
     its order (a uniform per categorical, then normals), laid out as Actor.noise."""
-    g, box = len(actor.groups), actor.n_box
+    if isinstance(agent, NatureAgent):
+        mean = agent.actor.mean
+        g, box = len(agent.actor.logits), 0 if mean is None else mean.out_features
+    else:
+        g, box = len(agent.actor.groups), agent.actor.n_box
     cats = [torch.rand(1, 1) for _ in range(g)]
     eps = torch.randn(1, box) if box else None
     if not box:
@@ -49,8 +54,10 @@ def _noise(actor) -> np.ndarray:
     return (torch.cat([torch.cat(cats, -1), eps], -1) if g else eps).numpy()
 
 
-def _parity(env_id: str, tmp_path, steps: int = 60, sampled: bool = False, **kw) -> int:
-    agent = Dreamer(env_id, size="nano", run__device="cpu", **kw)
+def _parity(env_id: str, tmp_path, steps: int = 60, sampled: bool = False,
+            recipe: str = "2023", **kw) -> int:
+    kw = dict(size="nano", **kw) if recipe == "2023" else dict(preset="nature-cpu", **kw)
+    agent = Dreamer(env_id, run__device="cpu", **kw)
     run = agent.trainer
     path = export_onnx(agent.agent, run.obs_spec, run.act_spec, tmp_path / "policy.onnx",
                        sampled=sampled)
@@ -58,7 +65,7 @@ def _parity(env_id: str, tmp_path, steps: int = 60, sampled: bool = False, **kw)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
     assert names == [i["name"] for i in sig["inputs"]]
-    wm = agent.agent.wm
+    groups = agent.agent.initial(1).z.shape[1]
     state_inputs = [i for i in sig["inputs"] if i["name"] in ("h", "z", "action")]
     zeros = [np.zeros((1, *s["shape"][1:]), np.float32) for s in state_inputs]
     env = make_env(env_id)
@@ -67,8 +74,8 @@ def _parity(env_id: str, tmp_path, steps: int = 60, sampled: bool = False, **kw)
     parts = run.act_spec.parts or [((), run.act_spec)]
     for t in range(steps):
         torch.manual_seed(t)
-        u = torch.rand(1, wm.G, 1).numpy()
-        noise = [_noise(agent.agent.actor)] if sampled else []
+        u = torch.rand(1, groups, 1).numpy()
+        noise = [_noise(agent.agent)] if sampled else []
         torch.manual_seed(t)  # predict draws the same random numbers
         act, state = agent.predict(obs, state, deterministic=not sampled)
         leaves = [np.asarray(run.obs_spec.leaf(obs, k))[None] for k in run.obs_spec.keys()]
@@ -107,6 +114,14 @@ def test_the_exported_step_acts_as_predict_over_whole_episodes(env_id, tmp_path)
                                     "envs_for_tests:GearSteerEnv"])
 def test_a_sampled_export_acts_as_predict_from_the_same_random_numbers(env_id, tmp_path):
     _parity(env_id, tmp_path, steps=40, sampled=True)
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "envs_for_tests:GearSteerEnv",
+                                    "examples.custom_env:MyEnv"])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_the_nature_recipes_policy_exports_too(env_id, sampled, tmp_path):
+    # a Box, a Dict of a Discrete and a Box, an image with a vector and MultiDiscrete actions
+    _parity(env_id, tmp_path, steps=30, sampled=sampled, recipe="nature")
 
 
 def test_the_description_names_inputs_outputs_and_spaces(tmp_path):

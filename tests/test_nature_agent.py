@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,8 +23,10 @@ CASES = {"discrete": ("discrete", False), "box": ("box", False), "mixed": ("mixe
 def _agent(kind, image, seed=0):
     torch.manual_seed(seed)
     act = ActionSpec.from_space(ACTIONS[kind])
+    # windows from the zero state: the replay context has its own tests
+    # (tests/test_replay_context.py)
     cfg = make_config("nature", model={"size": "1m"},
-                      train={"lr_warmup": 0, "model_lr": 1e-3})
+                      train={"lr_warmup": 0, "model_lr": 1e-3, "replay_context": 0})
     return NatureAgent(IMG if image else VEC, act, cfg), act
 
 
@@ -167,10 +170,37 @@ def test_lucid_train_eval_and_resume_a_nature_run(tmp_path):
     assert again["env_steps"] == 800 and again["updates"] > done["updates"]
     r = runner.invoke(app, ["dream", str(d)])
     assert r.exit_code != 0 and "model.recipe=nature" in r.output
-    # the Python API says it serves the 2023 recipe for now
+    r = runner.invoke(app, ["export", str(d), "--out", str(tmp_path / "p.onnx")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "p.json").read_text())["recipe"] == "nature"
+    # the Python API serves the recipe: load, act with a state, evaluate, save, resume
     from lucid import Dreamer
-    from lucid.config import ConfigError
-    with pytest.raises(ConfigError, match="lucid train ENV --preset nature"):
-        Dreamer("CartPole-v1", preset="nature")
-    with pytest.raises(ConfigError, match="2023 agents for now"):
-        Dreamer.load(d)
+    agent = Dreamer.load(d)
+    obs = np.zeros(4, np.float32)
+    action, state = agent.predict(obs)
+    assert action in (0, 1) and state.h.shape == (1, agent.agent.size.deter)
+    action, state = agent.predict(obs, state)  # the state carries over
+    with pytest.raises(TypeError, match="takes the state a previous predict returned"):
+        agent.predict(obs, state=("h", "z"))
+    assert len(agent.evaluate(episodes=1)) == 1
+    agent.save(tmp_path / "agent.pt")
+    again = Dreamer.load(tmp_path / "agent.pt")
+    torch.manual_seed(0)  # the posterior's z is a sample, greedy actions or not
+    a1, s1 = again.predict(np.ones((3, 4), np.float32))
+    torch.manual_seed(0)
+    a2, s2 = agent.predict(np.ones((3, 4), np.float32))
+    assert torch.equal(s1.h, s2.h) and torch.equal(s1.z, s2.z)
+    np.testing.assert_array_equal(a1, a2)
+    with Dreamer.load(d, resume=True) as going_on:
+        going_on.learn(100)
+        assert going_on.trainer.counters["env_steps"] == 900
+
+
+def test_dreamer_trains_the_nature_recipe(tmp_path):
+    from lucid import Dreamer
+    with Dreamer("CartPole-v1", preset="nature-cpu", run_dir=tmp_path / "run",
+                 model__size="1m", train__prefill=100, train__batch_size=4,
+                 train__batch_length=16, run__logger="none") as agent:
+        agent.learn(300)
+        assert agent.trainer.counters["updates"] > 0
+        assert isinstance(agent.agent, NatureAgent)
