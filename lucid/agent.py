@@ -248,6 +248,12 @@ class Agent:
         """The recurrent state of n rows at an episode's start."""
         return self.wm.initial(n)
 
+    @torch.no_grad()
+    def dream(self, obs: dict[str, torch.Tensor], action: torch.Tensor, is_first: torch.Tensor,
+              context: int, horizon: int, sample: bool = False) -> dict[str, torch.Tensor]:
+        """The world model's open-loop rollout (`WorldModel.dream`), for `lucid dream`."""
+        return self.wm.dream(obs, action, is_first, context, horizon, sample)
+
     def acting(self, env_steps: int):
         """What acts in the training envs after `env_steps` steps: an object with `device` and
         `policy` (this agent; an exploring agent's explorer while it explores)."""

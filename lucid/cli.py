@@ -216,12 +216,6 @@ def train(
     typer.echo(f"done: {json.dumps(trainer.counters)}")
 
 
-def _not_for_nature(cfg, what: str) -> None:
-    if cfg.model.recipe == "nature":
-        _fail(f"{what} is not available yet for runs of model.recipe=nature (lucid train, "
-              f"eval, plot and report are)")
-
-
 def _is_multiseed(run_dir: str) -> bool:
     from .seeds import seed_dirs
     return not (Path(run_dir) / "config.yaml").exists() and bool(seed_dirs(run_dir))
@@ -461,7 +455,6 @@ def dream_cmd(run_dir: str = typer.Argument(..., help="a run directory: its newe
     if seed < 0:
         _fail(f"--seed must be >= 0, got {seed}")
     trainer = _load_run(run_dir)
-    _not_for_nature(trainer.cfg, "lucid dream")
     plot = out is not None and Path(out).suffix.lower() == ".png"
     try:
         result = dream(trainer, horizon=horizon, context=context, rows=rows, seed=seed)

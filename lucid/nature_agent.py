@@ -29,7 +29,7 @@ from .nature_losses import (PercentileNorm, continue_loss, continue_target, imag
                             imagination_losses, kl_losses, replay_value_loss, vector_loss)
 from .nature_model import NATURE_SIZES, nature_modules
 from .nature_nets import SymexpTwoHot
-from .nets import one_hot, onehot_sample, unimix_logits
+from .nets import one_hot, onehot_sample, symexp, unimix_logits
 from .optim import LaProp
 from .warn import warn
 from .config import Config
@@ -253,6 +253,48 @@ class NatureAgent:
         state, _ = self.obs_step(state, tokens, is_first.to(self.device))
         action = self.sample_action(self.feat(state.h, state.z), explore)
         return action, NatureState(state.h, state.z, action)
+
+    # ------------------------------------------------------------------ dreams
+
+    def _decode(self, h: torch.Tensor, z: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each observation key's prediction (..., ...) in observation space: vectors back
+        from symlog space, images as uint8 pixels (the stacked channels split by key)."""
+        dec, out = self.wm.decoder, {}
+        if dec.mlp is not None:
+            x = dec.mlp(torch.cat([z.flatten(-2), h], -1))
+            out.update({k: symexp(head(x)) for k, head in dec.heads.items()})
+        if dec.cnn is not None:
+            pixels = (dec.cnn(h, z.flatten(-2)).clamp(0, 1) * 255).round().to(torch.uint8)
+            keys = self.wm.encoder.image_keys
+            sizes = [self.obs_spec.images[k][2] for k in keys]
+            out.update(zip(keys, pixels.split(sizes, -1)))
+        return out
+
+    @torch.no_grad()
+    def dream(self, obs: dict[str, torch.Tensor], action: torch.Tensor,
+              is_first: torch.Tensor, context: int, horizon: int, sample: bool = False
+              ) -> dict[str, torch.Tensor]:
+        """The open-loop rollout of `lucid dream` (as `WorldModel.dream`): `context` steps
+        filter the real observations from the zero state, then `horizon` steps of the prior
+        driven by the recorded actions (z its mode, or a sample). Returns each key's decoded
+        prediction (B, context + horizon, ...) in observation space."""
+        B = action.shape[0]
+        tokens = self.wm.encoder({k: v[:, :context] for k, v in obs.items()})
+        state, hs, zs = self.initial(B), [], []
+        for t in range(context):
+            state, _ = self.obs_step(state, tokens[:, t], is_first[:, t])
+            hs.append(state.h)
+            zs.append(state.z)
+            state = NatureState(state.h, state.z, action[:, t])
+        h, z = state.h, state.z
+        for t in range(context, context + horizon):
+            h = self.wm.rssm.core(h, z, action[:, t - 1])
+            logits = unimix_logits(self.wm.rssm.prior_logits(h), self.s.unimix)
+            z = onehot_sample(logits) if sample else one_hot(logits.argmax(-1),
+                                                             logits.shape[-1], h.dtype)
+            hs.append(h)
+            zs.append(z)
+        return self._decode(torch.stack(hs, 1), torch.stack(zs, 1))
 
     # ------------------------------------------------------------------ learning
 

@@ -422,7 +422,6 @@ def open_loop(agent, batch: dict, context: int = 5, horizon: int | None = None,
     """The world model's open-loop prediction (`WorldModel.dream`: `context` steps filtered,
     then `horizon` steps of the prior driven by the recorded actions) beside the truth, on a
     replayed batch (`to_batch` format, (B, T) windows)."""
-    wm = agent.wm
     obs = batch["obs"]
     T = batch["is_first"].shape[1]
     if not 1 <= context <= T:
@@ -430,8 +429,8 @@ def open_loop(agent, batch: dict, context: int = 5, horizon: int | None = None,
     horizon = T - context if horizon is None else horizon
     if context + horizon > T:
         raise ValueError(f"context {context} + horizon {horizon} exceeds the batch length {T}")
-    predicted = wm.dream(obs, batch["action"], batch["is_first"], context, horizon, sample)
-    spec = wm.spec
+    predicted = agent.dream(obs, batch["action"], batch["is_first"], context, horizon, sample)
+    spec = agent.obs_spec
     truth, pred = {}, {}
     for k, p in predicted.items():
         real = obs[k][:, :context + horizon].cpu().numpy()
@@ -566,7 +565,7 @@ def _log_videos(trainer, writer, step, horizon, context, fps, rows) -> dict[str,
         if writer is not None:
             log_video(writer, "eval/video", rec.frames, step, fps=fps)
     stored = trainer.replay.stored
-    if stored >= context + 1 and cfg.model.recipe != "nature":  # (no Nature dreams yet)
+    if stored >= context + 1:
         horizon = min(horizon, stored - context)
         result = dream(trainer, horizon, context, rows, seed=step)
         frames = dream_frames(trainer, result)

@@ -326,6 +326,73 @@ def test_open_loop_image_panels_and_dream_ignores_later_observations():
         video.open_loop(agent, batch, context=3, horizon=6)
 
 
+def test_nature_dreams_decode_the_posterior_then_run_the_prior():
+    """The Nature recipe's dream: the context decodes the posterior states (zero start, the
+    image decoder's sigmoid pixels to uint8), then the prior runs on the recorded actions
+    alone."""
+    from lucid.nature_agent import NatureAgent, NatureState
+    env = DotEnv()
+    spec, act = ObsSpec.from_space(env.observation_space), ActionSpec.from_space(env.action_space)
+    torch.manual_seed(0)
+    agent = NatureAgent(spec, act, make_config("nature", model={"size": "1m"}))
+    batch = _image_batch()
+    torch.manual_seed(1)
+    res = video.open_loop(agent, batch, context=3, horizon=5)
+    assert res.pred["image"].shape == (2, 8, 16, 16, 3) and res.pred["image"].dtype == np.uint8
+    torch.manual_seed(1)  # the same posterior samples, step by step through the networks
+    with torch.no_grad():
+        tokens = agent.wm.encoder({"image": batch["obs"]["image"][:, :3]})
+        state, recon = agent.initial(2), []
+        for t in range(3):
+            state, _ = agent.obs_step(state, tokens[:, t], batch["is_first"][:, t])
+            recon.append(agent.wm.decoder.cnn(state.h, state.z.flatten(-2)))
+            state = NatureState(state.h, state.z, batch["action"][:, t])
+    recon = (torch.stack(recon, 1).clamp(0, 1) * 255).round().to(torch.uint8)
+    np.testing.assert_array_equal(res.pred["image"][:, :3], recon.numpy())
+    changed = {**batch, "obs": {"image": batch["obs"]["image"].clone()}}
+    changed["obs"]["image"][:, 3:] = 0
+    torch.manual_seed(1)
+    again = video.open_loop(agent, changed, context=3, horizon=5)
+    np.testing.assert_array_equal(again.pred["image"], res.pred["image"])
+    flipped = {**batch, "action": batch["action"].clone()}
+    flipped["action"][:, 2:] = flipped["action"][:, 2:].flip(-1)
+    torch.manual_seed(1)
+    other = video.open_loop(agent, flipped, context=3, horizon=5)
+    np.testing.assert_array_equal(other.pred["image"][:, :3], res.pred["image"][:, :3])
+    assert not np.array_equal(other.pred["image"][:, 3:], res.pred["image"][:, 3:])
+
+
+def test_nature_dreams_split_images_and_vectors_by_key():
+    from lucid.nature_agent import NatureAgent
+    spec = ObsSpec(images={"a": (16, 16, 3), "b": (16, 16, 1)}, vectors={"v": 2})
+    act = ActionSpec.from_space(gym.spaces.Discrete(2))
+    agent = NatureAgent(spec, act, make_config("nature", model={"size": "1m"}))
+    B, T = 2, 4
+    obs = {"a": torch.zeros(B, T, 16, 16, 3, dtype=torch.uint8),
+           "b": torch.zeros(B, T, 16, 16, 1, dtype=torch.uint8), "v": torch.randn(B, T, 2)}
+    first = torch.zeros(B, T, dtype=torch.bool)
+    first[:, 0] = True
+    actions = torch.eye(2)[torch.zeros(B, T, dtype=torch.long)]
+    torch.manual_seed(2)
+    pred = agent.dream(obs, actions, first, 2, 2)
+    assert pred["a"].shape == (B, T, 16, 16, 3) and pred["b"].shape == (B, T, 16, 16, 1)
+    assert pred["v"].shape == (B, T, 2) and pred["v"].dtype == torch.float32
+    assert pred["a"].dtype == pred["b"].dtype == torch.uint8
+    # step 0 through the networks: the decoder's stacked channels are a's, then b's (sorted
+    # keys), the vector head's output is in symlog space
+    torch.manual_seed(2)
+    with torch.no_grad():
+        tokens = agent.wm.encoder({k: v[:, :1] for k, v in obs.items()})
+        state, _ = agent.obs_step(agent.initial(B), tokens[:, 0], first[:, 0])
+        pixels = agent.wm.decoder.cnn(state.h, state.z.flatten(-2))
+        x = agent.wm.decoder.mlp(torch.cat([state.z.flatten(-2), state.h], -1))
+        vec = agent.wm.decoder.heads["v"](x)
+    pixels = (pixels.clamp(0, 1) * 255).round().to(torch.uint8)
+    assert torch.equal(pred["a"][:, 0], pixels[..., :3])
+    assert torch.equal(pred["b"][:, 0], pixels[..., 3:])
+    torch.testing.assert_close(pred["v"][:, 0], torch.sign(vec) * torch.expm1(vec.abs()))
+
+
 def test_each_dreamed_step_follows_the_action_recorded_one_step_before_it():
     """h[t] = f(h[t-1], z[t-1], a[t-1]): with context 3 and horizon 5 the dream uses the
     actions of steps 2..6; the last recorded action (step 7) leads nowhere in the window."""
