@@ -10,7 +10,7 @@ from pathlib import Path
 from . import checkpoint as ckpt
 from . import distributed, notes
 from .agents import agent_class
-from .config import Config, ConfigError, to_yaml
+from .config import Config, to_yaml
 from .device import chosen_for, learn_as_chosen
 from .envs import env_label, episode_metrics
 from .envs.checks import close_env, spaces_of
@@ -64,9 +64,6 @@ class LearningRun:
                                 and getattr(self.cfg.train, f.name) is not None]
         self.obs_spec, self.act_spec = spaces_of(cfg)  # a bad env fails before any file is written
         agent_cls = agent_class(cfg)  # so does a bad model.agent
-        if cfg.model.recipe == "nature" and (self.ranks.parallel or cfg.run.runners != "local"):
-            raise ConfigError("model.recipe=nature trains in one process with local envs "
-                              "for now: run it without torchrun and with run.runners=local")
         if not resume:
             self.run_dir = self._claim.new(given, cfg)
             if self.ranks.is_main:  # a resume's, once its checkpoint loaded

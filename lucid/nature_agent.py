@@ -88,7 +88,7 @@ class NatureAgent:
         size = config.model.size
         mods = nature_modules(obs_spec, act_spec, size)  # an unknown size is refused there
         self.size = NATURE_SIZES[size]
-        # data-parallel learners hook these (lucid.distributed); the recipe refuses them yet
+        # data-parallel learners hook these (lucid.distributed.DataParallel.attach)
         self.grad_sync = self.gather = None
         self.wm = mods["world_model"].to(self.device)
         self.actor = mods["actor"].to(self.device)
@@ -377,7 +377,7 @@ class NatureAgent:
         logpi, ent = self._logp_entropy(imfeat, imact)
         policy, value, ret, adv = imagination_losses(
             self.twohot, rew, con, logpi, ent, critic.net(imfeat), slow, self.retnorm,
-            s.lam, s.actent, s.slowreg)
+            s.lam, s.actent, s.slowreg, gather=self.gather)
         losses["policy"], losses["value"] = policy, value
         with torch.no_grad():
             slow_rep = critic.slow(feat)
@@ -389,6 +389,8 @@ class NatureAgent:
         loss = sum(scales[k] * v.mean() for k, v in losses.items())
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
+        if self.grad_sync is not None:  # data-parallel: every rank steps the averaged gradients
+            loss = self.grad_sync(self.trained_parameters(), loss.detach())
         norm = torch.nn.utils.get_total_norm(
             [p.grad for p in self.trained_parameters() if p.grad is not None], foreach=True)
         ok = torch.isfinite(norm) & torch.isfinite(loss.detach())

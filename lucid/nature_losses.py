@@ -82,18 +82,20 @@ def vector_loss(pred: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def imagination_losses(twohot: SymexpTwoHot, rew: torch.Tensor, con: torch.Tensor,
                        logpi: torch.Tensor, ent: torch.Tensor, value_logits: torch.Tensor,
                        slow_logits: torch.Tensor, retnorm: PercentileNorm, lam: float = 0.95,
-                       actent: float = 3e-4, slowreg: float = 1.0, update: bool = True):
+                       actent: float = 3e-4, slowreg: float = 1.0, update: bool = True,
+                       gather=None):
     """Policy and value losses (N, H) of imagined rows of H+1 steps: rewards `rew` and
     continue probabilities `con` (N, H+1), log π of the actions taken and the policy's
     entropy (N, H+1), the critic's and the slow critic's logits (N, H+1, bins). Returns the
-    two losses, the λ-returns (N, H) and the advantages (N, H)."""
+    two losses, the λ-returns (N, H) and the advantages (N, H). `gather` (data-parallel
+    learners) joins every rank's returns for the percentiles."""
     val = twohot.mean(value_logits)
     slowval = twohot.mean(slow_logits)
     tarval = val  # slowtar: False
     weight = torch.cumprod(con, 1).detach()  # contdisc: disc = 1
     ret = replay_lambda_return(rew, torch.zeros_like(con), 1.0 - con, tarval, 1.0, lam)
     if update:
-        retnorm.update(ret)
+        retnorm.update(ret if gather is None else gather(ret.detach()))
     _, rscale = retnorm.stats()
     adv = (ret - tarval[:, :-1]) / rscale
     policy = weight[:, :-1] * -(logpi[:, :-1] * adv.detach() + actent * ent[:, :-1])

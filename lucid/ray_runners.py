@@ -102,8 +102,11 @@ class EnvRunner:
         start = time.time()
         policy = None if explore_random or self.version < 0 else self.agent
         records, episodes = [], []
+        latents = getattr(policy, "replay_record", None)  # the Nature recipe's replay context
         for _ in range(length):
             record, finished = self.collector.step(policy)
+            if latents is not None:
+                record.update(latents(self.collector.state))
             records.append({k: np.array(v) for k, v in record.items()})
             episodes += [(e.ret, e.length, e.info) for e in finished]
         chunk = {k: np.stack([r[k] for r in records], 1) for k in records[0]}

@@ -346,14 +346,36 @@ class ReplayGroup(_Locked):
     def can_sample(self, length: int) -> bool:
         return bool(self._windows(length).sum() > 0)
 
-    def sample(self, batch: int, length: int) -> dict[str, np.ndarray]:
+    def sample(self, batch: int, length: int, locate: bool = False) -> dict[str, np.ndarray]:
+        """As `Replay.sample`; with `locate`, `_env` numbers the env streams of all parts
+        in order (part 0's first)."""
         with self.lock:
             w = self._windows(length)
             if w.sum() <= 0:
                 raise ValueError(f"no env runner's replay holds {length} steps per env yet")
             counts = self.rng.multinomial(batch, w / w.sum())
-            samples = [p.sample(int(c), length) for p, c in zip(self.parts, counts) if c > 0]
+            samples = []
+            for p, c, first in zip(self.parts, counts, self._offsets()):
+                if c > 0:
+                    samples.append(p.sample(int(c), length, locate=True) if locate
+                                   else p.sample(int(c), length))
+                    if locate:
+                        samples[-1]["_env"] = samples[-1]["_env"] + first
         return {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
+
+    def _offsets(self) -> list[int]:
+        return np.cumsum([0] + [p.num_envs for p in self.parts[:-1]]).tolist()
+
+    def write(self, env: np.ndarray, step: np.ndarray, values: dict[str, np.ndarray]) -> int:
+        """`Replay.write` to each part the rows of its env streams (`sample(locate=True)`)."""
+        env, wrote = np.asarray(env), 0
+        with self.lock:
+            for p, first in zip(self.parts, self._offsets()):
+                rows = (env >= first) & (env < first + p.num_envs)
+                if rows.any():
+                    wrote += p.write(env[rows] - first, step[rows],
+                                     {k: np.asarray(v)[rows] for k, v in values.items()})
+        return wrote
 
     def flush(self) -> None:
         for p in self.parts:

@@ -237,3 +237,45 @@ def test_the_prefill_acts_at_random_or_with_the_policy(random, tmp_path):
         assert tr.counters["updates"] == 0
         codes = tr.replay.data["latent/z"][0, :40]
         assert (codes == 0).all() if random else (codes > 0).all()
+
+
+def test_a_replay_group_locates_and_writes_into_its_parts():
+    """Ray runners' replay: `_env` numbers the streams of all parts in order, and a write
+    reaches the part and stream each row came from."""
+    from lucid.replay import ReplayGroup
+    parts = [Replay(10, 1, FIELDS, seed=1, optional=("latent/h",)),
+             Replay(20, 2, FIELDS, seed=2, optional=("latent/h",))]
+    group = ReplayGroup(parts, seed=0)
+    for n in range(10):
+        for p in parts:
+            _add(p, n)
+    s = group.sample(64, 4, locate=True)
+    assert set(s["_env"]) == {0, 1, 2}  # part 0's stream, then part 1's two
+    np.testing.assert_array_equal(s["_step"], s["obs/n"])
+    values = np.repeat((1 + 100 * s["_env"][:, None] + s["_step"])[..., None], 3, -1)
+    assert group.write(s["_env"], s["_step"], {"latent/h": values.astype(np.float32)}) == 256
+    for b, t in np.ndindex(64, 4):
+        e, n = s["_env"][b], s["_step"][b, t]
+        part, stream = (parts[0], 0) if e == 0 else (parts[1], e - 1)
+        assert (part.data["latent/h"][stream, n % part.per_env] == 1 + 100 * e + n).all()
+
+
+def test_ray_runners_store_the_nature_recipes_latents(tmp_path):
+    pytest.importorskip("ray")
+    from lucid.train import Trainer
+    cfg = make_config("nature-cpu", env={"id": "CartPole-v1"},
+                      train={"batch_size": 2, "batch_length": 8, "prefill": 32,
+                             "train_ratio": 4, "prefill_random": False},
+                      run={"steps": 128, "log_every": 0.0, "progress": False,
+                           "run_dir": str(tmp_path), "runners": "ray", "num_runners": 2,
+                           "envs_per_runner": 2, "runner_chunk": 8, "ray_num_cpus": 2,
+                           "videos": False, "weight_sync_every": 2})
+    tr = Trainer(cfg)
+    try:
+        tr.run()
+        assert tr.counters["updates"] > 0
+        # steps acted by the runners' policy (once they had weights) came with latents
+        for p in tr.replay.parts:
+            assert (p.data["latent/z"][:, :p.stored] > 0).all(-1).any()
+    finally:
+        tr.close()

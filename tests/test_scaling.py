@@ -251,20 +251,21 @@ def test_close_does_not_hang_when_another_rank_died(tmp_path):
     assert 2.0 <= waited < 20.0
 
 
-def _dp_cfg(run_dir, **run):
+def _dp_cfg(run_dir, recipe="2023", **run):
+    preset, size = ("default", "nano") if recipe == "2023" else ("nature-cpu", "1m")
     return make_config(
-        "default", env={"id": "CartPole-v1", "num_envs": 2}, model={"size": "nano"},
+        preset, env={"id": "CartPole-v1", "num_envs": 2}, model={"size": size},
         train={"batch_size": 3, "batch_length": 8, "horizon": 4, "prefill": 40,
                "train_ratio": 16, "replay_capacity": 10_000},
         run={"steps": 160, "log_every": 0.0, "progress": False, "run_dir": str(run_dir),
              "videos": False, "device": "cpu", "dist_check_every": 2, **run})
 
 
-def _trainer_rank(rank, world, port, run_dir, out_dir):
+def _trainer_rank(rank, world, port, run_dir, out_dir, recipe="2023"):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from lucid.train import Trainer
-    tr = Trainer(_dp_cfg(run_dir))
+    tr = Trainer(_dp_cfg(run_dir, recipe))
     try:
         tr.run()
         params = torch.cat([t.reshape(-1).double() for m in tr.agent.modules().values()
@@ -289,12 +290,14 @@ def _check_dp_run(run, steps, updates, checks):
     assert len(list((run / "checkpoints").glob("*"))) >= 1
 
 
-def test_two_learner_processes_train_with_identical_parameters(tmp_path):
+@pytest.mark.parametrize("recipe", ["2023", "nature"])
+def test_two_learner_processes_train_with_identical_parameters(tmp_path, recipe):
     """Two gloo ranks run the Trainer on their own envs (seeded by rank): the parameters are
-    bit-identical at the end (and were compared by checksum every 2 updates); only rank 0
-    wrote logs and checkpoints; the train ratio counts the steps of both ranks."""
+    bit-identical at the end (and were compared by checksum every 2 updates, the return
+    normalizer's statistics included: the ranks' returns are gathered); only rank 0 wrote
+    logs and checkpoints; the train ratio counts the steps of both ranks."""
     run = tmp_path / "run"
-    _run_two_ranks(_trainer_rank, str(run), str(tmp_path), timeout=180)
+    _run_two_ranks(_trainer_rank, str(run), str(tmp_path), recipe, timeout=180)
     r0, r1 = (torch.load(tmp_path / f"trainer{r}.pt", weights_only=False) for r in range(2))
     assert torch.equal(r0["params"], r1["params"])
     assert r0["counters"]["updates"] == r1["counters"]["updates"]
