@@ -2,9 +2,17 @@
 
     python benchmarks/peers.py                               # XS and S, vector and image
     python benchmarks/peers.py --peers sheeprl --size XS --obs vector --iters 3
+    python benchmarks/peers.py --peers sheeprl --size 1m 12m --obs vector image --threads 2
     python benchmarks/peers.py --setup-only                  # just build the virtualenvs
 
 Peers: RLlib 2.60.0's DreamerV3 (torch) and sheeprl 0.8.4's `dreamer_v3` (the 2023 recipe).
+A 2023 size (XS, S, ...) runs lucid's 2023 `Agent` against those. A Nature (2025) size (1m,
+12m, 25m, 50m, 100m, 200m, 400m: lucid.config.NATURE_SIZES) runs lucid's Nature agent
+(`nature` preset, NatureAgent.train_step) against sheeprl's `dreamer_v3_5` at the matching size
+(`algo=dreamer_v3_5_1M`, ...), both with sequences that start from the zero state (lucid's
+`train.replay_context=0`, sheeprl's `algo.replay_context=0`: a synthetic batch holds no stored
+latents); RLlib has no Nature-recipe agent, so its rows at those sizes say "skipped" (and it
+is not installed for a run of Nature sizes only). See _peer_sheeprl.py for what is timed.
 Each is installed on first use into its own virtualenv under benchmarks/.peers/<name>/
 (gitignored; see _peer_setup.py): torch is installed first, pinned to this interpreter's
 version, and a constraints file keeps it so while the peer installs (no CUDA build is ever
@@ -34,7 +42,17 @@ from _peer_setup import PEERS, ensure, python_of  # noqa: E402
 from common import machine, write_json  # noqa: E402
 
 sys.path.insert(0, str(HERE.parent))
+from lucid.config import NATURE_SIZES  # noqa: E402
 from lucid.system import MMAP_MAX, TRIM_THRESHOLD  # noqa: E402
+
+NATURE_PEERS = {"sheeprl": "dreamer_v3_5"}  # the peers with a Nature-recipe agent
+
+
+def skipped(peer: str, size: str) -> str | None:
+    """Why `peer` has no row at `size` (None: it has one)."""
+    if size in NATURE_SIZES and peer not in NATURE_PEERS:
+        return f"no Nature-recipe agent in {peer} (its DreamerV3 is the 2023 recipe)"
+    return None
 
 
 def last_json(text: str) -> dict | None:
@@ -81,7 +99,8 @@ def measure(who: str, size: str, obs: str, a, threads: int) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
-    p.add_argument("--size", nargs="+", default=["XS", "S"])
+    p.add_argument("--size", nargs="+", default=["XS", "S"],
+                   help="2023 sizes (XS, S, ...) or Nature sizes (1m, 12m, ... 400m)")
     p.add_argument("--obs", nargs="+", default=["vector", "image"], choices=["vector", "image"])
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--length", type=int, default=64)
@@ -99,6 +118,10 @@ def main(argv=None):
 
     setup = {}
     for peer in a.peers:
+        if all(skipped(peer, size) for size in a.size):
+            setup[peer] = {"ok": False, "message": "not needed: " + skipped(peer, a.size[0])}
+            print(f"{peer}: not set up - {setup[peer]['message']}", flush=True)
+            continue
         ok, msg = ensure(peer)
         setup[peer] = {"ok": ok, "message": msg}
         print(f"{peer}: {'ready' if ok else 'NOT AVAILABLE'} - {msg}", flush=True)
@@ -120,6 +143,11 @@ def main(argv=None):
                 print(f"{size:>4} {obs:>6} {'lucid':>8} {ours['ms_median']:9.1f} "
                       f"{ours['ms_min']:9.1f} {ours['ms_max']:9.1f}", flush=True)
             for peer in a.peers:
+                why = skipped(peer, size)
+                if why:
+                    row[peer] = {"skipped": why}
+                    print(f"{size:>4} {obs:>6} {peer:>8} skipped: {why}", flush=True)
+                    continue
                 if not setup[peer]["ok"]:
                     r = {"error": f"not installed: {setup[peer]['message']}"}
                 else:

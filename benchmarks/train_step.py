@@ -3,6 +3,7 @@
     python benchmarks/train_step.py --size mini XS --obs vector image --action discrete
     python benchmarks/train_step.py --size all --obs vector image --action discrete continuous
     python benchmarks/train_step.py --size nano XXS --both          # eager and compiled
+    python benchmarks/train_step.py --size 1m 12m --obs vector image  # the Nature recipe
     python benchmarks/train_step.py --size XS --threads 2 --iters 10 --json out.json
     python benchmarks/train_step.py --size S XL --obs vector image --device cuda \
         --precision fp32 bf16 --both --timeout 120 --deadline $(( $(date +%s) + 300 ))
@@ -20,8 +21,14 @@ configuration and `--deadline` (unix time) skips the ones that would start too l
 prepared GPU script fits its time. Updates run with the malloc thresholds that `lucid train` sets
 (`run.tune_malloc`, lucid/system.py); `--malloc default` keeps glibc's own. `--set KEY=VALUE`
 overrides config keys, e.g. `--set train.onehot_gather=false train.channels_last=false` to
-measure without those speed switches. JSON (rewritten after every configuration, so a killed run
-keeps what it measured) holds the machine's description, load average and library versions.
+measure without those speed switches. A Nature (2025) size (1m ... 400m,
+lucid.config.NATURE_SIZES) times the Nature recipe's agent (the `nature` preset,
+`lucid.agents.agent_class`: NatureAgent; one `train_step`: its one optimizer's step and the
+slow-critic update) with `train.replay_context=0` (a synthetic batch holds no stored latents);
+its update runs eager in fp32 whatever --compile/--precision ask (it warns when compiled), and
+its rows say so (mode `eager`, precision `fp32`, recipe `nature`). JSON (rewritten after every
+configuration, so a killed run keeps what it measured) holds the machine's description, load
+average and library versions.
 Numbers, not asserts.
 """
 
@@ -45,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (ACTION_KINDS, OBS_KINDS, machine, matmul_peak, peak_rss_mb,  # noqa: E402
                     write_json)
 
-from lucid.agent import Agent  # noqa: E402
-from lucid.config import SIZES, for_device, make_config  # noqa: E402
+from lucid.agents import agent_class  # noqa: E402
+from lucid.config import NATURE_SIZES, SIZES, for_device, make_config  # noqa: E402
 from lucid.specs import ActionSpec, ObsSpec  # noqa: E402
 from lucid.system import tune_malloc  # noqa: E402
 
@@ -90,14 +97,30 @@ def peak_memory_mb(device) -> float:
     return peak_rss_mb()
 
 
-def count_flops(agent: Agent, batch: dict) -> int:
+def count_flops(agent, batch: dict) -> int:
     """Floating-point operations of one full update (forward and backward of all three
     losses), as counted by torch.utils.flop_counter (matmuls, convolutions, attention), on
-    the uncaptured update (`train.cuda_graph` replays the same operations)."""
+    the uncaptured update (`train.cuda_graph` replays the same operations; the Nature
+    agent's `train_step` is always uncaptured)."""
     from torch.utils.flop_counter import FlopCounterMode
+    update = getattr(agent, "_update", None) or agent.train_step
     with FlopCounterMode(display=False) as counter:
-        agent._update(batch)
+        update(batch)
     return int(counter.get_total_flops())
+
+
+def num_params(agent) -> dict[str, int]:
+    """Trained parameters per network: the agent's own count where it has one (the 2023
+    Agent), else those of its `modules()` that require gradients (the Nature agent: world
+    model, actor, critic without its slow copy)."""
+    if hasattr(agent, "num_params"):
+        return agent.num_params()
+    count = lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad)  # noqa: E731
+    return {k: n for k, m in agent.modules().items() if (n := count(m))}
+
+
+def is_nature(size: str) -> bool:
+    return size in NATURE_SIZES
 
 
 def mode_name(compiled: bool, cuda_graph: bool) -> str:
@@ -105,15 +128,21 @@ def mode_name(compiled: bool, cuda_graph: bool) -> str:
 
 
 def agent_and_batch(size: str, obs: str, action: str, B: int, T: int, device,
-                    overrides: list[str] | None = None, **train) -> tuple[Agent, dict]:
+                    overrides: list[str] | None = None, **train) -> tuple:
     """The agent the benchmarks time (the default config at `size` with `train` keys, then
-    `overrides` as KEY=VALUE; the same initial weights every time) and a synthetic batch."""
-    cfg = make_config("default", overrides or None, model={"size": size},
+    `overrides` as KEY=VALUE; the same initial weights every time) and a synthetic batch.
+    A Nature size (NATURE_SIZES) takes the `nature` preset instead, with
+    train.replay_context=0 (the synthetic batch has no stored latents), and its agent
+    (NatureAgent)."""
+    preset = "default"
+    if is_nature(size):
+        preset, train = "nature", {"replay_context": 0, **train}
+    cfg = make_config(preset, overrides or None, model={"size": size},
                       train={"batch_size": B, "batch_length": T, **train},
                       run={"device": str(device)})
     obs_spec, act_spec = spaces(obs, action)
     torch.manual_seed(0)
-    return (Agent(obs_spec, act_spec, cfg, device),
+    return (agent_class(cfg)(obs_spec, act_spec, cfg, device),
             batch_for(obs_spec, act_spec, B, T, device))
 
 
@@ -146,12 +175,15 @@ def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
     med = statistics.median(times)
     return {"size": size, "obs": obs, "action": action, "B": B, "T": T,
             "horizon": agent.config.train.horizon, "device": str(device),
-            "mode": mode_name(compile_, agent.config.train.cuda_graph),  # as the device chose
-            "precision": precision,
+            # as the device chose; the Nature agent's update always runs eager
+            "mode": ("eager" if is_nature(size)
+                     else mode_name(compile_, agent.config.train.cuda_graph)),
+            "recipe": "nature" if is_nature(size) else "2023",
+            "precision": "fp32" if is_nature(size) else precision,
             "ms_median": 1e3 * med, "ms_min": 1e3 * min(times), "ms_max": 1e3 * max(times),
             "first_s": first_s, "updates_per_s": 1 / med, "replayed_steps_per_s": B * T / med,
             "flops_per_update": flops, "gflops_per_s": flops / med / 1e9,
-            "peak_mem_mb": peak_memory_mb(device), "params": agent.num_params(),
+            "peak_mem_mb": peak_memory_mb(device), "params": num_params(agent),
             "peak_reserved_mb": (torch.cuda.max_memory_reserved(device) / 2**20
                                  if device.type == "cuda" else None),
             "threads": torch.get_num_threads(), "iters": iters, "warmup": warmup,
@@ -188,7 +220,8 @@ def run_isolated(args: list[str], timeout: float | None = None,
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", nargs="+", default=["mini", "XS"],
-                   help=f"any of {' '.join(SIZES)}, or 'all'")
+                   help=f"any of {' '.join(SIZES)} (2023 recipe), {' '.join(NATURE_SIZES)} "
+                        f"(Nature recipe), or 'all' (the 2023 sizes)")
     p.add_argument("--obs", nargs="+", default=["vector"], choices=OBS_KINDS)
     p.add_argument("--action", nargs="+", default=["discrete"], choices=ACTION_KINDS)
     p.add_argument("--batch", type=int, default=16)
