@@ -116,11 +116,12 @@ def test_a_sampled_export_acts_as_predict_from_the_same_random_numbers(env_id, t
     _parity(env_id, tmp_path, steps=40, sampled=True)
 
 
-@pytest.mark.parametrize("env_id", ["Pendulum-v1", "envs_for_tests:GearSteerEnv",
-                                    "examples.custom_env:MyEnv"])
-@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("env_id, sampled", [
+    ("Pendulum-v1", False),                  # a Box
+    ("envs_for_tests:GearSteerEnv", True),   # a Dict of a Discrete and a Box, sampled
+    ("examples.custom_env:MyEnv", False),    # an image with a vector, MultiDiscrete actions
+])
 def test_the_nature_recipes_policy_exports_too(env_id, sampled, tmp_path):
-    # a Box, a Dict of a Discrete and a Box, an image with a vector and MultiDiscrete actions
     _parity(env_id, tmp_path, steps=30, sampled=sampled, recipe="nature")
 
 
