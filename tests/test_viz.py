@@ -283,6 +283,23 @@ def test_recorded_episodes_of_image_env_are_the_observations():
 # --------------------------------------------------------------------------- open loop
 
 
+def _dreams_open_loop(agent, batch, res) -> None:
+    """Open loop (context 3, horizon 5, torch seed 1 as `res` was made): observations after
+    the context never reach the model, the actions from the context's last step on drive
+    the dream."""
+    changed = {**batch, "obs": {"image": batch["obs"]["image"].clone()}}
+    changed["obs"]["image"][:, 3:] = 0
+    torch.manual_seed(1)
+    again = video.open_loop(agent, changed, context=3, horizon=5)
+    np.testing.assert_array_equal(again.pred["image"], res.pred["image"])
+    flipped = {**batch, "action": batch["action"].clone()}
+    flipped["action"][:, 2:] = flipped["action"][:, 2:].flip(-1)
+    torch.manual_seed(1)
+    other = video.open_loop(agent, flipped, context=3, horizon=5)
+    np.testing.assert_array_equal(other.pred["image"][:, :3], res.pred["image"][:, :3])
+    assert not np.array_equal(other.pred["image"][:, 3:], res.pred["image"][:, 3:])
+
+
 def test_open_loop_image_panels_and_dream_ignores_later_observations():
     agent, batch = _image_agent(), _image_batch()
     torch.manual_seed(1)
@@ -310,18 +327,7 @@ def test_open_loop_image_panels_and_dream_ignores_later_observations():
         recon = wm.decoder(wm.feat(h, z))["image"]
     recon = ((recon + 0.5) * 255).clamp(0, 255).round().to(torch.uint8).movedim(-3, -1)
     np.testing.assert_array_equal(res.pred["image"][:, :3], recon.numpy())
-    # Open loop: observations after the context never reach the model, actions do.
-    changed = {**batch, "obs": {"image": batch["obs"]["image"].clone()}}
-    changed["obs"]["image"][:, 3:] = 0
-    torch.manual_seed(1)
-    again = video.open_loop(agent, changed, context=3, horizon=5)
-    np.testing.assert_array_equal(again.pred["image"], res.pred["image"])
-    flipped = {**batch, "action": batch["action"].clone()}
-    flipped["action"][:, 2:] = flipped["action"][:, 2:].flip(-1)  # the actions driving the dream
-    torch.manual_seed(1)
-    other = video.open_loop(agent, flipped, context=3, horizon=5)
-    np.testing.assert_array_equal(other.pred["image"][:, :3], res.pred["image"][:, :3])
-    assert not np.array_equal(other.pred["image"][:, 3:], res.pred["image"][:, 3:])
+    _dreams_open_loop(agent, batch, res)
     with pytest.raises(ValueError, match="exceeds"):
         video.open_loop(agent, batch, context=3, horizon=6)
 
@@ -349,17 +355,7 @@ def test_nature_dreams_decode_the_posterior_then_run_the_prior():
             state = NatureState(state.h, state.z, batch["action"][:, t])
     recon = (torch.stack(recon, 1).clamp(0, 1) * 255).round().to(torch.uint8)
     np.testing.assert_array_equal(res.pred["image"][:, :3], recon.numpy())
-    changed = {**batch, "obs": {"image": batch["obs"]["image"].clone()}}
-    changed["obs"]["image"][:, 3:] = 0
-    torch.manual_seed(1)
-    again = video.open_loop(agent, changed, context=3, horizon=5)
-    np.testing.assert_array_equal(again.pred["image"], res.pred["image"])
-    flipped = {**batch, "action": batch["action"].clone()}
-    flipped["action"][:, 2:] = flipped["action"][:, 2:].flip(-1)
-    torch.manual_seed(1)
-    other = video.open_loop(agent, flipped, context=3, horizon=5)
-    np.testing.assert_array_equal(other.pred["image"][:, :3], res.pred["image"][:, :3])
-    assert not np.array_equal(other.pred["image"][:, 3:], res.pred["image"][:, 3:])
+    _dreams_open_loop(agent, batch, res)
 
 
 def test_nature_dreams_split_images_and_vectors_by_key():
