@@ -113,6 +113,18 @@ def uses_reinforce(spec: ActionSpec, tcfg: TrainConfig) -> bool:
     return not spec.is_continuous or tcfg.continuous_grad == "reinforce"
 
 
+def policy_noise(groups: int, box: int, *shape: int, device=None) -> torch.Tensor:
+    """The random numbers of one sample of a policy over `groups` categoricals and `box`
+    Box dimensions for (*shape) rows, drawn in advance: uniforms (*shape, groups, 1) for
+    categoricals alone, normals (*shape, box) for a Normal alone, and for both (*shape,
+    groups + box), the uniforms first. Both recipes' actors and the exported policy step
+    take them in this layout."""
+    if not box:
+        return torch.rand(*shape, groups, 1, device=device)
+    eps = torch.randn(*shape, box, device=device)
+    return torch.cat([torch.rand(*shape, groups, device=device), eps], -1) if groups else eps
+
+
 class Actor(nn.Module):
     """π(a | s): factorised unimix categoricals for discrete actions, a Normal with tanh mean
     and std in [min_std, max_std] for Box actions (model space [-1, 1]); for a space with
@@ -167,14 +179,9 @@ class Actor(nn.Module):
         return self._cat(out)
 
     def noise(self, *shape: int, device=None) -> torch.Tensor:
-        """The random numbers of `sample` for (*shape) rows, drawn in advance: uniforms
-        (*shape, groups, 1) for categoricals, normals (*shape, A) for a Normal, and for both
-        (*shape, groups + A), the uniforms first."""
-        g = len(self.groups)
-        if not self.n_box:
-            return torch.rand(*shape, g, 1, device=device)
-        eps = torch.randn(*shape, self.n_box, device=device)
-        return torch.cat([torch.rand(*shape, g, device=device), eps], -1) if g else eps
+        """The random numbers of `sample` for (*shape) rows, drawn in advance
+        (`policy_noise`)."""
+        return policy_noise(len(self.groups), self.n_box, *shape, device=device)
 
     def mode(self, params) -> torch.Tensor:
         cats, normal = self._split(params)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .behavior import policy_noise
 from .nature_losses import (PercentileNorm, continue_loss, continue_target, image_loss,
                             imagination_losses, kl_losses, replay_value_loss, vector_loss)
 from .nature_model import NATURE_SIZES, nature_modules
@@ -117,10 +118,11 @@ class NatureAgent:
         return {"latent/h": h.detach().float().cpu().numpy(),
                 "latent/z": (z.detach().argmax(-1) + 1).to(torch.uint8).cpu().numpy()}
 
-    def _unstored(self, h: torch.Tensor, code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _unstored(self, code: torch.Tensor) -> torch.Tensor:
+        """z from its stored classes + 1 (0: none stored, the zero state)."""
         code = code.long()
-        z = one_hot((code - 1).clamp(min=0), self.size.classes, h.dtype)
-        return h, z * (code > 0).to(h.dtype)[..., None]
+        z = one_hot((code - 1).clamp(min=0), self.size.classes, torch.float32)
+        return z * (code > 0).to(z.dtype)[..., None]
 
     def replay_record(self, state: NatureState) -> dict[str, np.ndarray]:
         """The latents of the steps just acted on, for their replay records (`Collector`)."""
@@ -177,6 +179,19 @@ class NatureAgent:
         logits = self.wm.rssm.post_logits(h, tokens)
         return NatureState(h, self._sample_z(logits, u), a), logits
 
+    def observe(self, state: NatureState, tokens: torch.Tensor, action: torch.Tensor,
+                is_first: torch.Tensor):
+        """`obs_step` along (B, T) windows from `state`, each step's action the next one's
+        previous action: h (B, T, deter), z and the posterior logits (B, T, stoch, classes)."""
+        hs, zs, post = [], [], []
+        for t in range(tokens.shape[1]):
+            state, logits = self.obs_step(state, tokens[:, t], is_first[:, t])
+            hs.append(state.h)
+            zs.append(state.z)
+            post.append(logits)
+            state = NatureState(state.h, state.z, action[:, t])
+        return torch.stack(hs, 1), torch.stack(zs, 1), torch.stack(post, 1)
+
     def feat(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return torch.cat([h, z.flatten(-2)], -1)
 
@@ -209,16 +224,10 @@ class NatureAgent:
         return torch.cat(parts, -1)
 
     def noise(self, n: int) -> torch.Tensor:
-        """The random numbers of one policy sample for n rows, drawn in advance, as the
-        2023 `Actor.noise` lays them out: uniforms (n, groups, 1) for categoricals, normals
-        (n, A) for Box dimensions, and for both (n, groups + A), the uniforms first."""
-        groups = len(self.actor.logits)
+        """The random numbers of one policy sample for n rows, drawn in advance
+        (`behavior.policy_noise`'s layout, as the 2023 actor's)."""
         box = 0 if self.actor.mean is None else self.actor.mean.out_features
-        if not box:
-            return torch.rand(n, groups, 1, device=self.device)
-        eps = torch.randn(n, box, device=self.device)
-        return torch.cat([torch.rand(n, groups, device=self.device), eps], -1) if groups \
-            else eps
+        return policy_noise(len(self.actor.logits), box, n, device=self.device)
 
     def _logp_entropy(self, feat: torch.Tensor, action: torch.Tensor):
         logits, normal = self._policy_parts(feat)
@@ -278,15 +287,10 @@ class NatureAgent:
         filter the real observations from the zero state, then `horizon` steps of the prior
         driven by the recorded actions (z its mode, or a sample). Returns each key's decoded
         prediction (B, context + horizon, ...) in observation space."""
-        B = action.shape[0]
         tokens = self.wm.encoder({k: v[:, :context] for k, v in obs.items()})
-        state, hs, zs = self.initial(B), [], []
-        for t in range(context):
-            state, _ = self.obs_step(state, tokens[:, t], is_first[:, t])
-            hs.append(state.h)
-            zs.append(state.z)
-            state = NatureState(state.h, state.z, action[:, t])
-        h, z = state.h, state.z
+        h, z, _ = self.observe(self.initial(action.shape[0]), tokens, action, is_first)
+        hs, zs = list(h.unbind(1)), list(z.unbind(1))
+        h, z = hs[-1], zs[-1]
         for t in range(context, context + horizon):
             h = self.wm.rssm.core(h, z, action[:, t - 1])
             logits = unimix_logits(self.wm.rssm.prior_logits(h), self.s.unimix)
@@ -309,8 +313,8 @@ class NatureAgent:
                            "it and its stored latents (latent/h, latent/z), which this batch "
                            "lacks; sample it from the run's replay, or set "
                            "train.replay_context=0 to start windows from the zero state")
-        h, z = self._unstored(batch["latent/h"][:, 0].float(), batch["latent/z"][:, 0])
-        start = NatureState(h, z, batch["action"][:, 0])
+        start = NatureState(batch["latent/h"][:, 0].float(),
+                            self._unstored(batch["latent/z"][:, 0]), batch["action"][:, 0])
         rest = lambda v: v[:, 1:]  # noqa: E731
         window = {k: ({kk: rest(vv) for kk, vv in v.items()} if isinstance(v, dict)
                       else v if k.startswith("_") else rest(v)) for k, v in batch.items()}
@@ -320,16 +324,8 @@ class NatureAgent:
         """1. Observe the windows from `state`; the world model's per-step losses (B, T)
         and states."""
         wm, s = self.wm, self.s
-        B, T = batch["reward"].shape
-        tokens = wm.encoder(batch["obs"])
-        hs, zs, post = [], [], []
-        for t in range(T):
-            state, logits = self.obs_step(state, tokens[:, t], batch["is_first"][:, t])
-            hs.append(state.h)
-            zs.append(state.z)
-            post.append(logits)
-            state = NatureState(state.h, state.z, batch["action"][:, t])
-        h, z, post = torch.stack(hs, 1), torch.stack(zs, 1), torch.stack(post, 1)
+        h, z, post = self.observe(state, wm.encoder(batch["obs"]), batch["action"],
+                                  batch["is_first"])
         prior = wm.rssm.prior_logits(h)
         losses = dict(zip(("dyn", "rep"), kl_losses(post, prior, s.unimix, s.free_nats)))
         feat = self.feat(h, z)

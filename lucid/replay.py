@@ -357,8 +357,7 @@ class ReplayGroup(_Locked):
             samples = []
             for p, c, first in zip(self.parts, counts, self._offsets()):
                 if c > 0:
-                    samples.append(p.sample(int(c), length, locate=True) if locate
-                                   else p.sample(int(c), length))
+                    samples.append(p.sample(int(c), length, locate))
                     if locate:
                         samples[-1]["_env"] = samples[-1]["_env"] + first
         return {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
@@ -478,7 +477,7 @@ class Prefetcher:
     def _load(self):
         with self.replay.lock:
             self._drawn_from = self.replay.rng_state()
-            sample = self._sample()
+            sample = self.replay.sample(self.batch_size, self.length, self.locate)
         if self.stream is None:
             return to_batch(sample, self.device), None
         with torch.cuda.stream(self.stream):
@@ -490,7 +489,8 @@ class Prefetcher:
     def get(self) -> dict:
         t0 = time.perf_counter()
         if self._pool is None:
-            batch = to_batch(self._sample(), self.device)
+            batch = to_batch(self.replay.sample(self.batch_size, self.length, self.locate),
+                             self.device)
         else:
             if self._next is None:  # first call (or after drain): nothing in flight yet
                 self._next = self._pool.submit(self._load)
@@ -506,11 +506,6 @@ class Prefetcher:
         self._wait_s += time.perf_counter() - t0
         self._gets += 1
         return batch
-
-    def _sample(self) -> dict:
-        if self.locate:
-            return self.replay.sample(self.batch_size, self.length, locate=True)
-        return self.replay.sample(self.batch_size, self.length)
 
     def rng_state(self) -> dict:
         """The replay's RNG state as if no batch were in flight: a run resumed from a

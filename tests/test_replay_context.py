@@ -141,8 +141,7 @@ def test_a_window_continues_the_state_stored_before_it():
     np.testing.assert_allclose(wrote["latent/h"][:, 0], acted_h[:, 4].numpy(), rtol=1e-5,
                                atol=1e-5)
     # the stored codes are 1 + the class of each latent, and decode to the one-hots
-    h, z = agent._unstored(torch.as_tensor(latents["latent/h"]),
-                           torch.as_tensor(latents["latent/z"]))
+    z = agent._unstored(torch.as_tensor(latents["latent/z"]))
     assert z.sum(-1).eq(1).all() and (latents["latent/z"] >= 1).all()
     assert (latents["latent/z"] <= agent.size.classes).all()
 
