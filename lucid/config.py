@@ -220,6 +220,12 @@ class TrainConfig:
     # one-hots, no prefetching.
     cuda_graph: Optional[bool] = None  # replay the update as one captured CUDA graph
 
+    @property
+    def window(self) -> int:
+        """Replayed steps per window: `batch_length`, and the `replay_context` step before
+        it whose stored latents start it."""
+        return self.batch_length + self.replay_context
+
 
 @dataclass
 class RunConfig:
@@ -586,7 +592,7 @@ def validate(cfg: Config) -> None:
          "train.replay_context=1 stores the Nature recipe's latents: the 2023 recipe starts "
          "each window from its learned initial state (set model.recipe=nature, or "
          "train.replay_context=0)"),
-        (t.replay_capacity >= (t.batch_length + t.replay_context) * cfg.env.num_envs,
+        (t.replay_capacity >= t.window * cfg.env.num_envs,
          "train.replay_capacity must hold at least one window (train.batch_length + "
          "train.replay_context steps) per env"),
         (t.continuous_grad in ("dynamics", "reinforce"),

@@ -24,7 +24,7 @@ def _no_update(cfg: Config, counters: dict, envs: int, ratio, local: bool) -> st
         return (f"run.steps={steps} ends within the {t.prefill} {kind}steps of "
                 f"train.prefill, so no update will be made; raise --steps or lower "
                 f"train.prefill")
-    window = t.batch_length + t.replay_context  # (a window lies within one env's steps)
+    window = t.window  # (a window lies within one env's steps)
     if steps < envs * window and local:
         return (f"run.steps={steps} gives each of the {envs} env(s) {steps // envs} steps, "
                 f"fewer than one window of {window} (train.batch_length"

@@ -56,7 +56,7 @@ def new_counters() -> dict:
 def _check_windows(cfg: Config, short: int) -> None:
     """Refuse a replay that could never give a window of train.batch_length."""
     t = cfg.train
-    if short >= t.batch_length + t.replay_context:
+    if short >= t.window:
         return
     streams = (f"{cfg.run.num_runners} runners x {cfg.run.envs_per_runner} envs"
                if cfg.run.runners == "ray" else f"env.num_envs={cfg.env.num_envs}")

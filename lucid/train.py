@@ -135,10 +135,9 @@ class Trainer(LearningRun):
         self._purge_logs_after = None
         # Batches for the updates: sampled on a background thread where the device chose it.
         # A window of replay context starts with the step before it (its stored latents).
-        context = cfg.train.replay_context
-        self._batches = Prefetcher(self.replay, cfg.train.batch_size,
-                                   cfg.train.batch_length + context, self.device,
-                                   background=self.cfg.train.prefetch, locate=bool(context))
+        self._batches = Prefetcher(self.replay, cfg.train.batch_size, cfg.train.window,
+                                   self.device, background=self.cfg.train.prefetch,
+                                   locate=bool(cfg.train.replay_context))
         now = self._session_start = time.time()  # run.time_limit counts from here
         return _Session(logger=logger, start=now - c["wall_time"],
                         rows=MetricRows(c, now), last_ckpt=now, last_ckpt_steps=c["env_steps"],
@@ -231,7 +230,7 @@ class Trainer(LearningRun):
         collective: with Ray runners ranks fill at their own pace); once true, true."""
         if not self._sampling:
             t = self.cfg.train
-            ok = self.replay.can_sample(t.batch_length + t.replay_context)
+            ok = self.replay.can_sample(t.window)
             self._sampling = not self.ranks.any(not ok)
         return self._sampling
 
