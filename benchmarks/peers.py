@@ -83,7 +83,7 @@ def measure(who: str, size: str, obs: str, a, threads: int) -> dict:
               "--threads", str(threads)]
     if who == "lucid":
         cmd = [sys.executable, str(HERE / "train_step.py"), "--one", "--action", "discrete",
-               *common]
+               *common, *(["--compile"] if a.compile else [])]
     else:
         ok, msg = ensure(who)
         if not ok:
@@ -111,6 +111,8 @@ def main(argv=None):
     p.add_argument("--peer-malloc", default="default", choices=["default", "tuned"],
                    help="peers with glibc's own malloc thresholds (as shipped) or with the "
                         "ones lucid sets (run.tune_malloc), through MALLOC_*_ environment variables")
+    p.add_argument("--compile", action="store_true",
+                   help="lucid's update with train.compile=true (the peers run as they ship)")
     p.add_argument("--setup-only", action="store_true")
     p.add_argument("--json", default="benchmarks/results/peers.json")
     a = p.parse_args(argv)

@@ -25,8 +25,8 @@ measure without those speed switches. A Nature (2025) size (1m ... 400m,
 lucid.config.NATURE_SIZES) times the Nature recipe's agent (the `nature` preset,
 `lucid.agents.agent_class`: NatureAgent; one `train_step`: its one optimizer's step and the
 slow-critic update) with `train.replay_context=0` (a synthetic batch holds no stored latents);
-its update runs eager in fp32 whatever --compile/--precision ask (it warns when compiled), and
-its rows say so (mode `eager`, precision `fp32`, recipe `nature`). JSON (rewritten after every
+`--compile` compiles it (NatureAgent.compile); it runs in fp32 whatever --precision asks, and its
+rows say so (precision `fp32`, recipe `nature`). JSON (rewritten after every
 configuration, so a killed run keeps what it measured) holds the machine's description, load
 average and library versions.
 Numbers, not asserts.
@@ -175,9 +175,8 @@ def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
     med = statistics.median(times)
     return {"size": size, "obs": obs, "action": action, "B": B, "T": T,
             "horizon": agent.config.train.horizon, "device": str(device),
-            # as the device chose; the Nature agent's update always runs eager
-            "mode": ("eager" if is_nature(size)
-                     else mode_name(compile_, agent.config.train.cuda_graph)),
+            # as the device chose; the Nature agent's update is never graphed
+            "mode": mode_name(compile_, agent.config.train.cuda_graph and not is_nature(size)),
             "recipe": "nature" if is_nature(size) else "2023",
             "precision": "fp32" if is_nature(size) else precision,
             "ms_median": 1e3 * med, "ms_min": 1e3 * min(times), "ms_max": 1e3 * max(times),

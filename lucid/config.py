@@ -185,7 +185,8 @@ class TrainConfig:
     continuous_grad: str = "dynamics"
     actor_baseline_grad: bool = False
     # torch.compile the update's loops and nets (observe in chunks of 8 steps, the whole
-    # REINFORCE imagination rollout, heads, encoder, decoder, actor and critic); same maths,
+    # REINFORCE imagination rollout, heads, encoder, decoder, actor and critic; the Nature
+    # recipe: its filter step, rollout and nets, NatureAgent.compile); same maths,
     # compiled once per shape, which takes minutes (how long and where it pays:
     # docs/performance.md). null: chosen for the learner's device (below).
     compile: Optional[bool] = None
@@ -738,13 +739,15 @@ def for_device(cfg: Config, device_type: str, data_parallel: bool = False) -> Co
       prefetched;
     - data-parallel CUDA learners: no graph (it is for one process), eager, fp32, batches
       prefetched;
-    - a CPU: no graph, eager, fp32, the one-hot layers gather, no prefetching.
+    - a CPU: no graph, eager, fp32, the one-hot layers gather, no prefetching;
+    - the Nature recipe, which has no graphed update yet: no graph, so eager fp32 on CUDA
+      too (train.compile=true compiles it).
     A copy when anything was chosen, so a run's config.yaml keeps its nulls for the next
     device."""
     t, cuda = cfg.train, device_type == "cuda"
     chosen: dict[str, Any] = {}
     if t.cuda_graph is None:
-        chosen["cuda_graph"] = cuda and not data_parallel
+        chosen["cuda_graph"] = cuda and not data_parallel and cfg.model.recipe != "nature"
     if t.onehot_gather is None:
         chosen["onehot_gather"] = not cuda
     if t.prefetch is None:

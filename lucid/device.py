@@ -99,8 +99,9 @@ def gpu_speed_note(cfg: Config, device: torch.device, data_parallel: bool = Fals
     """On a CUDA device, the settings of the fastest update measured on a GPU that `cfg` (as
     the agent has it: nulls chosen) was set away from: CUDA's defaults for one process, as
     `for_device` chooses them on this GPU. Data-parallel learners run eager (no graph there;
-    the rest unmeasured), so nothing is said to them."""
-    if device.type != "cuda" or data_parallel:
+    the rest unmeasured), so nothing is said to them, nor to the Nature recipe, whose GPU
+    update is unmeasured."""
+    if device.type != "cuda" or data_parallel or cfg.model.recipe == "nature":
         return None
     t = cfg.train
     best = for_device(dataclasses.replace(

@@ -15,7 +15,8 @@ one optimizer (optim.LaProp), with the interface lucid's loop uses (`policy`, `t
     4. one backward pass of the scaled sum, one LaProp step over all networks, and the slow
        critic moved 2% toward the critic.
 
-Not yet here (issue 40): bf16, compile and the CUDA graph.
+Not yet here (issue 40): bf16 and the CUDA graph (`train.compile` compiles the update's
+steps and networks: `compile`).
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ class NatureAgent:
         self.updates = 0
         self.context = config.train.replay_context  # steps before each window: 0 or 1
         self._latents: tuple[torch.Tensor, torch.Tensor] | None = None  # of the last update
+        if config.train.compile:
+            self.compile()
 
     @staticmethod
     def context_fields(config: Config) -> dict[str, tuple[tuple, np.dtype]]:
@@ -143,9 +146,30 @@ class NatureAgent:
                              "was made; it would never train")
 
     def compile(self) -> None:
-        """train.compile: the Nature recipe's update runs eager for now."""
-        warn("model.recipe=nature runs its update eager for now: train.compile, "
-             "train.cuda_graph and train.precision=bf16 are not applied to it")
+        """`train.compile`: torch.compile, as fixed-shape graphs (`dynamic=False`), the
+        filter's step (forward and backward), the whole imagined rollout (no gradient), the
+        encoder, decoder, heads, actor and critic networks, the policy's log-probabilities
+        and entropies and the two-hot's loss and mean. The random numbers are drawn in eager
+        code and passed in, so compiled and eager updates draw the same samples. The loss
+        sums, the backward pass and the optimizer stay eager; `state_dict` keys do not
+        change. bf16 and the CUDA graph are not applied to this recipe yet."""
+        t = self.config.train
+        if t.precision == "bf16" or t.cuda_graph:
+            warn("model.recipe=nature does not apply train.precision=bf16 or "
+                 "train.cuda_graph yet: its update runs in fp32, not graphed")
+        # the heads' shared forward is called in several shapes and grad modes (as Agent)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        cpp_wrapper = t.cpp_wrapper and self.device.type == "cpu"
+        opts = {"dynamic": False, "options": {"cpp_wrapper": cpp_wrapper}}
+        for name in ("_step", "_rollout", "_logp_entropy"):  # bound methods -> compiled
+            setattr(self, name, torch.compile(getattr(self, name), **opts))
+        wm = self.wm
+        for m in (wm.encoder, wm.decoder, wm.reward, wm.cont, wm.rssm.prior,
+                  wm.rssm.prior_logit, self.critic.net, self.critic.slow):
+            m.compile(**opts)  # in place: parameters and their names are unchanged
+        self.twohot.bins(torch.empty(0, device=self.device))  # cached now, not in a graph
+        self.twohot.loss = torch.compile(self.twohot.loss, **opts)
+        self.twohot.mean = torch.compile(self.twohot.mean, **opts)
 
     def optimizers(self) -> dict:
         return {"all": self.opt}
@@ -166,30 +190,41 @@ class NatureAgent:
         uniforms (N, stoch, 1), if drawn beforehand)."""
         return onehot_sample(unimix_logits(logits, self.s.unimix), u=u)
 
+    def _step(self, h: torch.Tensor, z: torch.Tensor, a: torch.Tensor, tokens: torch.Tensor,
+              reset: torch.Tensor, u: torch.Tensor | None = None):
+        """`obs_step` on tensors (what `train.compile` compiles): h', z', the previous action
+        (zeroed on reset rows) and the posterior logits."""
+        keep = (~reset).float()
+        h = h * keep[:, None]
+        z = z * keep[:, None, None]
+        a = a * keep[:, None]
+        h = self.wm.rssm.core(h, z, a)
+        logits = self.wm.rssm.post_logits(h, tokens)
+        return h, self._sample_z(logits, u), a, logits
+
     def obs_step(self, state: NatureState, tokens: torch.Tensor, reset: torch.Tensor,
                  u: torch.Tensor | None = None):
         """Reset rows (zeros), h' = core(h, z, a), z' ~ post(h', tokens) (`u`: the
         sample's uniforms). Returns the new state (its action slot: the previous action) and
         the posterior logits."""
-        keep = (~reset).float()
-        h = state.h * keep[:, None]
-        z = state.z * keep[:, None, None]
-        a = state.action * keep[:, None]
-        h = self.wm.rssm.core(h, z, a)
-        logits = self.wm.rssm.post_logits(h, tokens)
-        return NatureState(h, self._sample_z(logits, u), a), logits
+        h, z, a, logits = self._step(state.h, state.z, state.action, tokens, reset, u)
+        return NatureState(h, z, a), logits
 
     def observe(self, state: NatureState, tokens: torch.Tensor, action: torch.Tensor,
                 is_first: torch.Tensor):
         """`obs_step` along (B, T) windows from `state`, each step's action the next one's
-        previous action: h (B, T, deter), z and the posterior logits (B, T, stoch, classes)."""
+        previous action: h (B, T, deter), z and the posterior logits (B, T, stoch, classes).
+        Each step's uniforms are drawn here, in eager code, so that a compiled step samples
+        what the eager one would."""
         hs, zs, post = [], [], []
+        h, z, a = state.h, state.z, state.action
         for t in range(tokens.shape[1]):
-            state, logits = self.obs_step(state, tokens[:, t], is_first[:, t])
-            hs.append(state.h)
-            zs.append(state.z)
+            u = torch.rand(*z.shape[:-1], 1, device=z.device)
+            h, z, _, logits = self._step(h, z, a, tokens[:, t], is_first[:, t], u)
+            hs.append(h)
+            zs.append(z)
             post.append(logits)
-            state = NatureState(state.h, state.z, action[:, t])
+            a = action[:, t]
         return torch.stack(hs, 1), torch.stack(zs, 1), torch.stack(post, 1)
 
     def feat(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -223,11 +258,11 @@ class NatureAgent:
             parts.append(mean + std * eps if explore else mean)
         return torch.cat(parts, -1)
 
-    def noise(self, n: int) -> torch.Tensor:
-        """The random numbers of one policy sample for n rows, drawn in advance
+    def noise(self, *shape: int) -> torch.Tensor:
+        """The random numbers of one policy sample for (*shape) rows, drawn in advance
         (`behavior.policy_noise`'s layout, as the 2023 actor's)."""
         box = 0 if self.actor.mean is None else self.actor.mean.out_features
-        return policy_noise(len(self.actor.logits), box, n, device=self.device)
+        return policy_noise(len(self.actor.logits), box, *shape, device=self.device)
 
     def _logp_entropy(self, feat: torch.Tensor, action: torch.Tensor):
         logits, normal = self._policy_parts(feat)
@@ -259,7 +294,8 @@ class NatureAgent:
         elif is_first is None:
             is_first = torch.zeros(n, dtype=torch.bool, device=self.device)
         tokens = self.wm.encoder(obs)
-        state, _ = self.obs_step(state, tokens, is_first.to(self.device))
+        u = torch.rand(*state.z.shape[:-1], 1, device=self.device)  # as `observe` draws it
+        state, _ = self.obs_step(state, tokens, is_first.to(self.device), u)
         action = self.sample_action(self.feat(state.h, state.z), explore)
         return action, NatureState(state.h, state.z, action)
 
@@ -346,16 +382,26 @@ class NatureAgent:
 
     def _imagine(self, h: torch.Tensor, z: torch.Tensor):
         """2. H steps from every posterior state, without gradient into the world model:
-        features (N, H+1, F) and actions (N, H+1, A), the last step's action sampled too."""
-        feats, acts = [self.feat(h, z)], []
+        features (N, H+1, F) and actions (N, H+1, A), the last step's action sampled too.
+        The random numbers are drawn here and passed in (see `observe`)."""
+        horizon = self.s.horizon
+        noise = self.noise(horizon + 1, h.shape[0])
+        u = torch.rand(horizon, *z.shape[:-1], 1, device=self.device)
         with torch.no_grad():
-            for _ in range(self.s.horizon):
-                a = self.sample_action(feats[-1])
-                acts.append(a)
-                h = self.wm.rssm.core(h, z, a)
-                z = self._sample_z(self.wm.rssm.prior_logits(h))
-                feats.append(self.feat(h, z))
-            acts.append(self.sample_action(feats[-1]))
+            return self._rollout(h, z, noise, u)
+
+    def _rollout(self, h: torch.Tensor, z: torch.Tensor, noise: torch.Tensor,
+                 u: torch.Tensor):
+        """The imagined steps of `_imagine` from its random numbers (compiled whole by
+        `train.compile`)."""
+        feats, acts = [self.feat(h, z)], []
+        for k in range(self.s.horizon):
+            a = self.sample_action(feats[-1], noise=noise[k])
+            acts.append(a)
+            h = self.wm.rssm.core(h, z, a)
+            z = self._sample_z(self.wm.rssm.prior_logits(h), u[k])
+            feats.append(self.feat(h, z))
+        acts.append(self.sample_action(feats[-1], noise=noise[-1]))
         return torch.stack(feats, 1), torch.stack(acts, 1)
 
     def train_step(self, batch: dict) -> dict[str, torch.Tensor]:

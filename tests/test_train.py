@@ -335,6 +335,10 @@ def test_settings_left_to_the_device_are_chosen_for_the_learners_device(tmp_path
     assert choice(for_device(cfg, "cuda", data_parallel=True)) \
         == (False, False, False, "fp32", True)
     assert choice(cfg) == (None,) * 5  # a copy
+    # the Nature recipe has no graphed update yet: eager fp32 unless train.compile is set
+    nature = for_device(make_config("nature"), "cuda")
+    assert choice(nature) == (False, False, False, "fp32", True)
+    assert gpu_speed_note(nature, torch.device("cuda")) is None
     gpu = for_device(cfg, "cuda")
     assert gpu.train.model_lr == cfg.train.model_lr and gpu.model == cfg.model
     for set_, chosen in [({"cuda_graph": False}, (False, False, False, "fp32")),
