@@ -1,7 +1,7 @@
 """Several seeds in one batched update (lucid.batched) against one seed's update and against
 K seeds updated one after another.
 
-    python benchmarks/seeds.py [--sizes nano,mini] [--k 4] [--batch 16x64] [--device cpu]
+    python benchmarks/seeds.py [--sizes nano,mini,1m] [--k 4] [--batch 16x64] [--device cpu]
                                [--threads 2] [--precision fp32] [--repeats 9]
                                [--out results/seeds.json]
 
@@ -25,9 +25,9 @@ from pathlib import Path
 import gymnasium as gym
 import torch
 
-from lucid.agent import Agent
+from lucid.agents import agent_class
 from lucid.batched import BatchedAgents, stack_batches
-from lucid.config import make_config
+from lucid.config import NATURE_SIZES, make_config
 from lucid.specs import ActionSpec, ObsSpec
 
 OBS = ObsSpec(vectors={"vector": 4})
@@ -64,13 +64,16 @@ def _time(fn, repeats: int, device) -> float:
 
 def measure(size: str, k: int, B: int, T: int, device, repeats: int,
             precision: str = "fp32") -> dict:
-    cfg = make_config(model={"size": size}, train={"batch_size": B, "batch_length": T,
-                                                    "compile": False, "cuda_graph": False,
-                                                    "precision": precision})
+    # a Nature size: that recipe's agent, windows from the zero state (no stored latents)
+    nature = size in NATURE_SIZES
+    cfg = make_config("nature" if nature else "default", model={"size": size},
+                      train={"batch_size": B, "batch_length": T, "compile": False,
+                             "cuda_graph": False, "precision": precision,
+                             **({"replay_context": 0} if nature else {})})
 
     def agent(seed):
         torch.manual_seed(seed)
-        return Agent(OBS, ACT, cfg, device)
+        return agent_class(cfg)(OBS, ACT, cfg, device)
     one, b1 = agent(0), _batch(B, T, 0, device)
     singles = [agent(s) for s in range(k)]
     batched = BatchedAgents([agent(s) for s in range(k)], vmap=True)
@@ -100,7 +103,7 @@ def measure(size: str, k: int, B: int, T: int, device, repeats: int,
     state = sum(p.numel() for m in one.modules().values() for p in m.state_dict().values())
     trained = sum(sum(p.numel() for p in net.parameters()) for net in
                   (one.wm, one.actor, one.critic.net))
-    row["state_mib_per_seed"] = (state + 2 * trained) * 4 / 2**20  # + Adam's two moments
+    row["state_mib_per_seed"] = (state + 2 * trained) * 4 / 2**20  # + the optimizers' 2 moments
     return row
 
 

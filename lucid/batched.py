@@ -12,6 +12,10 @@ is that of its own loss); then each agent clips and steps its own gradients with
 optimizer, so clipping (global norm per seed), non-finite skips and the slow critic's update
 are per seed, as K separate runs would have them.
 
+An agent whose update is one loss and one optimizer (the Nature recipe's: `loss(batch)`, then
+`apply(loss, latents)` after the backward pass) is batched the same way: its `loss` under vmap,
+one backward pass of the K losses' sum, then each agent's own `apply`.
+
 Why vmap, not layers written with a seed axis: it batches lucid's networks and any custom
 network of `model.agent` without a second implementation of each; the steps' maths is the
 single-seed code (tests/test_batched.py compares the two update by update).
@@ -97,7 +101,7 @@ class BatchedAgents:
         # outgrow the allocator's cache (docs/scaling.md, benchmarks/seeds.py).
         self.vmap = (first.device.type == "cuda" or t.batch_size * t.batch_length <= 256) \
             if vmap is None else vmap
-        if self.vmap:
+        if self.vmap and isinstance(first, Agent):
             # vmap cannot branch on values read back to the host (the CPU's shortcut of
             # skipping the reset arithmetic at steps where no row starts an episode): the
             # same maths, unskipped; and it keeps one memory layout.
@@ -180,6 +184,8 @@ class BatchedAgents:
         if not self.vmap:
             rows = [a.train_step(_row(batch, k)) for k, a in enumerate(self.agents)]
             return {name: torch.stack([r[name] for r in rows]) for name in rows[0]}
+        if not isinstance(self.template, Agent):
+            return self._one_loss_step(batch)
         tm, t = self.template, self.template.config.train
         joint = tm._joint
         def world_model_loss(batch):  # the posterior states' tensors (not the last State)
@@ -228,6 +234,21 @@ class BatchedAgents:
         metrics.update(self._vmap(lambda f, r, s: tm._imagination_metrics(_imagined(f, tm), r, s),
                                   _fields(im), ret, scale,
                                   frozen=("world_model", "actor", "critic")))
+        return metrics
+
+    def _one_loss_step(self, batch: dict) -> dict[str, torch.Tensor]:
+        """The update of agents with one loss and one optimizer (`loss`, then `apply`)."""
+        loss, metrics, latents = self._vmap(self.template.loss, batch)
+        self._backward(loss)
+        steps = []
+        for k, agent in enumerate(self.agents):
+            for name, own in self.trained.items():
+                g = self.stacked[name].grad
+                own[k].grad = None if g is None else g[k]
+            steps.append(agent.apply(loss[k].detach(), tuple(x[k] for x in latents)))
+        for s in self.stacked.values():
+            s.grad = None
+        metrics.update({name: torch.stack([st[name] for st in steps]) for name in steps[0]})
         return metrics
 
     def train(self, batch: dict) -> list[dict[str, float]]:

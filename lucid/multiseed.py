@@ -29,10 +29,6 @@ def _for_seeds(cfg: Config) -> Config:
     """The config each seed runs: the graph and compile, which the batched update does not
     take yet, off where the device would choose them; refused where set."""
     t, r = cfg.train, cfg.run
-    if cfg.model.recipe != "2023":
-        raise ConfigError("--seeds batches agents of model.recipe=2023 for now; train the "
-                          "Nature recipe's seeds as separate runs (lucid repro without "
-                          "--batched)")
     if cfg.explore.method != "none":
         raise ConfigError(f"--seeds batches the paper's agent; explore.method="
                           f"{cfg.explore.method} trains its seeds as separate runs for now "
@@ -170,10 +166,14 @@ class SeedsTrainer:
         ts = self.trainers
         while all(t.counters["updates"] < t.updates_due() for t in ts) \
                 and all(t._can_sample() for t in ts):
-            batch = stack_batches([t._batches.get() for t in ts])
-            metrics = self.batched.train_step(batch)
+            batches = [t._batches.get() for t in ts]
+            # where each seed's steps live (replay context) stays out of the batched update
+            where = [{k: b.pop(k) for k in [k for k in b if k.startswith("_")]}
+                     for b in batches]
+            metrics = self.batched.train_step(stack_batches(batches))
             bad = (metrics["train/nonfinite_steps"] > 0).tolist()
             for k, (t, s) in enumerate(zip(ts, sessions)):
+                t._write_latents(where[k])
                 t._count_nonfinite(s, bad[k])
                 s.rows.add({name: v[k] for name, v in metrics.items()})
                 t.counters["updates"] += 1

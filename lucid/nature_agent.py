@@ -404,12 +404,15 @@ class NatureAgent:
         acts.append(self.sample_action(feats[-1], noise=noise[-1]))
         return torch.stack(feats, 1), torch.stack(acts, 1)
 
-    def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
+    def loss(self, batch: dict):
+        """Steps 1-3 on one batch: the scaled sum of the losses, the metrics (detached) and
+        the window's posterior latents (h, z), each (B, T, ...). Nothing of the agent
+        changes but the return normaliser's statistics, so that `lucid.batched` can run it
+        for several seeds at once."""
         s, wm, critic = self.s, self.wm, self.critic
         batch, start = self._window(batch)
         B, T = batch["reward"].shape
         losses, h, z, feat = self._world_model(batch, start)
-        self._latents = (h.detach(), z.detach()) if self.context else None
         imfeat, imact = self._imagine(h.detach().reshape(B * T, -1),
                                       z.detach().reshape(B * T, *z.shape[2:]))
         with torch.no_grad():
@@ -429,27 +432,40 @@ class NatureAgent:
             s.discount_horizon, s.lam, s.slowreg)
         scales = dict(s.scales)
         loss = sum(scales[k] * v.mean() for k, v in losses.items())
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.grad_sync is not None:  # data-parallel: every rank steps the averaged gradients
-            loss = self.grad_sync(self.trained_parameters(), loss.detach())
-        norm = torch.nn.utils.get_total_norm(
-            [p.grad for p in self.trained_parameters() if p.grad is not None], foreach=True)
-        ok = torch.isfinite(norm) & torch.isfinite(loss.detach())
-        self.opt.found_inf = (~ok).float()
-        self.opt.step()
-        with torch.no_grad():  # the slow critic 2% toward the critic (not on a skipped step)
-            rate = s.slow_rate * ok.float()
-            for slow_p, p in zip(critic.slow.parameters(), critic.net.parameters()):
-                slow_p.lerp_(p, rate)
-        self.updates += 1
         metrics = {f"loss/{k}": v.detach().mean() for k, v in losses.items()}
-        metrics.update({"train/loss": loss.detach(), "train/grad_norm": norm.detach(),
-                        "train/nonfinite_steps": (~ok).float(),
-                        "actor/entropy": ent.detach().mean(),
+        metrics.update({"actor/entropy": ent.detach().mean(),
                         "actor/advantage_mag": adv.detach().abs().mean(),
                         "critic/return_mean": ret.detach().mean(),
                         "actor/return_scale": self.retnorm.stats()[1]})
+        return loss, metrics, (h.detach(), z.detach())
+
+    def apply(self, loss: torch.Tensor, latents: tuple) -> dict[str, torch.Tensor]:
+        """Step 4 after the backward pass of `loss`: the gradients' norm, one LaProp step
+        over all networks (skipped where the loss or the norm is not finite) and the slow
+        critic 2% toward the critic; the step's metrics. `latents`: `loss`'s, kept for
+        `replay_writes`."""
+        self._latents = latents if self.context else None
+        params = self.trained_parameters()
+        if self.grad_sync is not None:  # data-parallel: every rank steps the averaged gradients
+            loss = self.grad_sync(params, loss)
+        norm = torch.nn.utils.get_total_norm(
+            [p.grad for p in params if p.grad is not None], foreach=True)
+        ok = torch.isfinite(norm) & torch.isfinite(loss)
+        self.opt.found_inf = (~ok).float()
+        self.opt.step()
+        with torch.no_grad():  # the slow critic 2% toward the critic (not on a skipped step)
+            rate = self.s.slow_rate * ok.float()
+            for slow_p, p in zip(self.critic.slow.parameters(), self.critic.net.parameters()):
+                slow_p.lerp_(p, rate)
+        self.updates += 1
+        return {"train/loss": loss, "train/grad_norm": norm.detach(),
+                "train/nonfinite_steps": (~ok).float()}
+
+    def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
+        loss, metrics, latents = self.loss(batch)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        metrics.update(self.apply(loss.detach(), latents))
         return metrics
 
     def train(self, batch: dict) -> dict[str, float]:

@@ -41,8 +41,9 @@ class PercentileNorm(nn.Module):
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         lo, hi = percentiles(x, self.q)
-        self.lo.lerp_(lo.to(self.lo.dtype), self.rate)
-        self.hi.lerp_(hi.to(self.hi.dtype), self.rate)
+        # lerp_ by hand: under vmap (several seeds, lucid.batched) lerp_ has no batching rule
+        self.lo.add_(lo.to(self.lo.dtype) - self.lo, alpha=self.rate)
+        self.hi.add_(hi.to(self.hi.dtype) - self.hi, alpha=self.rate)
 
     def stats(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.lo.clone(), torch.clamp(self.hi - self.lo, min=self.limit)

@@ -199,18 +199,23 @@ class Trainer(LearningRun):
         far. Metrics stay on the device (summed until the next log row); the count of
         non-finite steps is the one value read back per update."""
         c, check_every = self.counters, self.cfg.run.dist_check_every
-        context = self.cfg.train.replay_context
         while c["updates"] < self.updates_due() and self._can_sample():
             batch = self._batches.get()  # perf/batch_wait_ms
             metrics = self.agent.train_step(batch)
-            if context:  # the latents this update inferred replace the stored ones
-                self.replay.write(batch["_env"], batch["_step"][:, context:],
-                                  self.agent.replay_writes())
+            self._write_latents(batch)
             self._count_nonfinite(s, metrics["train/nonfinite_steps"] > 0)
             s.rows.add(metrics)
             c["updates"] += 1
             if check_every and c["updates"] % check_every == 0:
                 self.ranks.check_identical(self.agent)
+
+    def _write_latents(self, batch: dict) -> None:
+        """train.replay_context: the latents the last update inferred for the steps of
+        `batch` (where they live: `_env`, `_step`) replace the stored ones."""
+        context = self.cfg.train.replay_context
+        if context:
+            self.replay.write(batch["_env"], batch["_step"][:, context:],
+                              self.agent.replay_writes())
 
     def _count_nonfinite(self, s: _Session, bad: bool) -> None:
         """Skipped updates (non-finite losses or gradients); too many in a row stop the run."""

@@ -154,3 +154,48 @@ def test_agents_updated_in_turn_equal_separate_updates(monkeypatch):
             want = singles[k].train(bs[k])
             assert got[k] == pytest.approx(want, rel=1e-6, abs=1e-7)
     assert [a.updates for a in turn.agents] == [2] * K
+
+
+def test_the_nature_recipes_seeds_batch_as_separate_updates(monkeypatch):
+    """The Nature recipe's agents (one loss, one LaProp step: `loss` under vmap, then each
+    agent's `apply`): K seeds batched give each seed the metrics, parameters and latents
+    (for the replay's write-back) of the same agent updated alone, over three updates, at
+    the tolerance above; the slow critics and return normalisers move per seed."""
+    from lucid.nature_agent import NatureAgent
+
+    deterministic_sampling(monkeypatch.setattr)
+    space = ACTIONS["discrete"]
+    act = ActionSpec.from_space(space)
+
+    def agent(seed):
+        torch.manual_seed(seed)
+        cfg = make_config("nature", model={"size": "1m"},
+                          train={"horizon": 5, "lr_warmup": 0, "replay_context": 0})
+        a = NatureAgent(VEC, act, cfg)
+        with torch.no_grad():  # rewards and values that vary (the output layers start at 0),
+            # kept small: the symexp bins reach 5e8, where 2023's symlog bins end at 20
+            for head in (a.wm.reward.out, a.critic.net.out, a.critic.slow.out):
+                head.weight.normal_(0, 0.02)
+        return a
+
+    singles = [agent(k) for k in range(K)]
+    batched = BatchedAgents([agent(k) for k in range(K)], vmap=True)
+    for update in range(3):
+        bs = [_batch(act, space, seed=10 * update + k) for k in range(K)]
+        got = batched.train(stack_batches(bs))
+        for k in range(K):
+            want = singles[k].train(bs[k])
+            assert sorted(got[k]) == sorted(want)
+            for name, v in want.items():
+                assert got[k][name] == pytest.approx(v, rel=2e-4, abs=1e-6), \
+                    f"update {update}, seed {k}: {name}"
+    for k in range(K):
+        mine, theirs = _params(batched.agents[k]), _params(singles[k])
+        assert mine.keys() == theirs.keys()
+        for name, v in theirs.items():  # the return normaliser's percentiles: returns read
+            # through symexp bins (up to 5e8) carry rounding as the metrics do
+            rtol = 2e-4 if name.startswith("return_norm.") else 0.0
+            assert torch.allclose(mine[name], v, rtol=rtol, atol=1e-4), f"seed {k}: {name}"
+        assert batched.agents[k].updates == singles[k].updates == 3
+    a, b = _params(batched.agents[0]), _params(batched.agents[1])
+    assert any(not torch.equal(a[n], b[n]) for n in a)

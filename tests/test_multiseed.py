@@ -74,9 +74,6 @@ def test_seeds_are_refused_where_they_cannot_work(tmp_path):
     r = runner.invoke(app, ["train", "CartPole-v1", "--seeds", "0-1", "train.compile=true",
                             "--run-dir", str(tmp_path / "b")])
     assert r.exit_code != 0 and "train.compile" in r.output
-    r = runner.invoke(app, ["train", "CartPole-v1", "--seeds", "0-1", "--preset", "nature",
-                            "--run-dir", str(tmp_path / "d")])
-    assert r.exit_code != 0 and "model.recipe=2023" in r.output
     r = runner.invoke(app, ["train", "CartPole-v1", "--seeds", "x-y",
                             "--run-dir", str(tmp_path / "c")])
     assert r.exit_code != 0 and "0,1,2 or 0-3" in r.output
@@ -92,3 +89,41 @@ def test_train_seeds_from_python(tmp_path):
     assert action in (0, 1)
     assert agent.trainer.cfg.run.seed == 5
     agent.close()
+
+
+def test_the_nature_recipes_seeds_train_with_their_replay_context_and_resume(tmp_path):
+    """`--seeds` with `model.recipe=nature` (its loss batched: tests/test_batched.py), replay
+    context on: each seed's updates write the latents they inferred into that seed's own
+    replay (prefill steps, acted at random, have none until an update replays them), each
+    seed loads as a single Nature agent, and the run resumes as a whole."""
+    from lucid.nature_agent import NatureAgent
+    from lucid.multiseed import SeedsTrainer
+    from lucid.config import make_config
+
+    cfg = make_config("nature", model={"size": "1m"}, env={"id": "CartPole-v1"},
+                      train={"batch_size": 4, "batch_length": 8, "train_ratio": 16,
+                             "prefill": 64, "prefill_random": True},
+                      run={"steps": 160, "logger": "none", "progress": False,
+                           "eval_every": 0, "videos": False})
+    assert cfg.train.replay_context == 1
+    st = SeedsTrainer.start(cfg, [0, 1], tmp_path / "nature")
+    try:
+        assert st.batched.vmap  # B * T = 32: batched on a CPU too
+        st.run()
+        for t in st.trainers:
+            assert isinstance(t.agent, NatureAgent) and t.counters["updates"] > 0
+            ring = t.replay.data["latent/z"][0]
+            assert (ring[64:160] > 0).all()  # acted by the policy
+            assert (ring[:64] > 0).all(-1).mean() > 0.5  # random prefill, written back
+        h0, h1 = (t.replay.data["latent/h"][0, 100] for t in st.trainers)
+        assert not np.array_equal(h0, h1)  # each seed's own latents
+        updates = [t.counters["updates"] for t in st.trainers]
+    finally:
+        st.close()
+    acting = load_to_act(str(tmp_path / "nature" / "seed-1"))
+    assert isinstance(acting.agent, NatureAgent)
+    acting.close()
+    r = runner.invoke(app, ["train", "--resume", str(tmp_path / "nature"), "--steps", "240"])
+    assert r.exit_code == 0, r.output
+    again = json.loads(r.output.split("done: ", 1)[1])
+    assert all(again[s]["updates"] > u for s, u in zip(("0", "1"), updates))
