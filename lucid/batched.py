@@ -163,12 +163,7 @@ class BatchedAgents:
         norms, oks = [], []
         reported = loss if reported_loss is None else reported_loss
         for k, agent in enumerate(self.agents):
-            params = []
-            for n in names:
-                p = self.trained[n][k]
-                g = self.stacked[n].grad
-                p.grad = None if g is None else g[k]
-                params.append(p)
+            params = self._seed_grads(k, names)
             opt = agent.optimizers()[part]
             norm, ok = agent._apply(opt, reported[k], params, agent.clip(part))
             norms.append(norm)
@@ -177,6 +172,15 @@ class BatchedAgents:
             self.stacked[n].grad = None
         metrics[norm_name] = torch.stack(norms)
         return torch.stack(oks)
+
+    def _seed_grads(self, k: int, names: list[str]) -> list[torch.Tensor]:
+        """Seed k's parameters `names`, each given its row of the stacked gradient."""
+        params = []
+        for n in names:
+            p, g = self.trained[n][k], self.stacked[n].grad
+            p.grad = None if g is None else g[k]
+            params.append(p)
+        return params
 
     def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
         """One update of the K agents on a batch with a leading seed axis (`stack_batches`);
@@ -242,9 +246,7 @@ class BatchedAgents:
         self._backward(loss)
         steps = []
         for k, agent in enumerate(self.agents):
-            for name, own in self.trained.items():
-                g = self.stacked[name].grad
-                own[k].grad = None if g is None else g[k]
+            self._seed_grads(k, list(self.trained))
             steps.append(agent.apply(loss[k].detach(), tuple(x[k] for x in latents)))
         for s in self.stacked.values():
             s.grad = None
