@@ -27,8 +27,8 @@ import torch
 
 from lucid.agents import agent_class
 from lucid.batched import BatchedAgents, stack_batches
-from lucid.config import NATURE_SIZES, make_config
 from lucid.specs import ActionSpec, ObsSpec
+from train_step import bench_config
 
 OBS = ObsSpec(vectors={"vector": 4})
 ACT = ActionSpec.from_space(gym.spaces.Discrete(3))
@@ -64,12 +64,8 @@ def _time(fn, repeats: int, device) -> float:
 
 def measure(size: str, k: int, B: int, T: int, device, repeats: int,
             precision: str = "fp32") -> dict:
-    # a Nature size: that recipe's agent, windows from the zero state (no stored latents)
-    nature = size in NATURE_SIZES
-    cfg = make_config("nature" if nature else "default", model={"size": size},
-                      train={"batch_size": B, "batch_length": T, "compile": False,
-                             "cuda_graph": False, "precision": precision,
-                             **({"replay_context": 0} if nature else {})})
+    cfg = bench_config(size, batch_size=B, batch_length=T, compile=False, cuda_graph=False,
+                       precision=precision)  # a Nature size: that recipe's agent
 
     def agent(seed):
         torch.manual_seed(seed)

@@ -127,19 +127,22 @@ def mode_name(compiled: bool, cuda_graph: bool) -> str:
     return ("compiled" if compiled else "eager") + ("+graph" if cuda_graph else "")
 
 
-def agent_and_batch(size: str, obs: str, action: str, B: int, T: int, device,
-                    overrides: list[str] | None = None, **train) -> tuple:
-    """The agent the benchmarks time (the default config at `size` with `train` keys, then
-    `overrides` as KEY=VALUE; the same initial weights every time) and a synthetic batch.
-    A Nature size (NATURE_SIZES) takes the `nature` preset instead, with
-    train.replay_context=0 (the synthetic batch has no stored latents), and its agent
-    (NatureAgent)."""
+def bench_config(size: str, overrides: list[str] | None = None, device=None, **train):
+    """The config the benchmarks time: the default preset at `size` with `train` keys, then
+    `overrides` as KEY=VALUE. A Nature size (NATURE_SIZES) takes the `nature` preset instead,
+    with train.replay_context=0 (a synthetic batch has no stored latents)."""
     preset = "default"
     if is_nature(size):
         preset, train = "nature", {"replay_context": 0, **train}
-    cfg = make_config(preset, overrides or None, model={"size": size},
-                      train={"batch_size": B, "batch_length": T, **train},
-                      run={"device": str(device)})
+    run = {} if device is None else {"device": str(device)}
+    return make_config(preset, overrides or None, model={"size": size}, train=train, run=run)
+
+
+def agent_and_batch(size: str, obs: str, action: str, B: int, T: int, device,
+                    overrides: list[str] | None = None, **train) -> tuple:
+    """The agent the benchmarks time (`bench_config`'s, the same initial weights every
+    time: NatureAgent at a Nature size) and a synthetic batch."""
+    cfg = bench_config(size, overrides, device, batch_size=B, batch_length=T, **train)
     obs_spec, act_spec = spaces(obs, action)
     torch.manual_seed(0)
     return (agent_class(cfg)(obs_spec, act_spec, cfg, device),
