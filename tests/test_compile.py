@@ -132,7 +132,7 @@ def test_the_nature_recipes_compiled_update_matches_eager():
     from the parameters the first one stepped), and nothing falls back to eager inside the
     compiled functions (no graph break). Python wrappers (train.cpp_wrapper=false) halve the
     compile time; the C++ ones are the 2023 tests' above. Then one step of acting (its own
-    graph: no gradient, other rows) reaches the same state. ~60 s here, cold."""
+    graph: no gradient, other rows) reaches the same state."""
     from torch._dynamo.utils import counters
 
     from lucid.nature_agent import NatureAgent
