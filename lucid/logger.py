@@ -153,6 +153,7 @@ class Logger:
             warn("tensorboard is not installed; logging to the JSONL files only "
                  "(pip install tensorboard)")
             return
+        _wait_to_sort_last(self.run_dir / "tb")
         # purge_step: TensorBoard hides the earlier files' events at and after that step
         self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=self._purge_step)
         if config is not None:
@@ -308,3 +309,16 @@ class Logger:
         if self.wandb is not None:
             self.wandb.finish()
         self._close_files()
+
+
+def _wait_to_sort_last(tb_dir: Path) -> None:
+    """Wait until a new event file's name sorts after every file already in `tb_dir`.
+
+    TensorBoard replays a directory's event files in name order, and a name starts with the
+    second its writer opened, then a per-process counter that does not sort as a number
+    ("10" before "9"). A second writer opened in the same second as an earlier one (a resume
+    in the same process) could be replayed first, and its purge would then hide nothing."""
+    stamps = [int(f.name.split(".")[3]) for f in tb_dir.glob("events.out.tfevents.*")
+              if f.name.split(".")[3].isdigit()]
+    if stamps and (wait := max(stamps) + 1 - time.time()) > 0:
+        time.sleep(wait)

@@ -378,6 +378,17 @@ def _tb(path):
     return acc
 
 
+def _next_writer_numbered(last_digit, scratch):
+    """Open throwaway writers until the process's next event file ends in `last_digit`."""
+    from torch.utils.tensorboard import SummaryWriter
+    for i in range(10):
+        SummaryWriter(str(scratch / str(i))).close()
+        (name,) = (f.name for f in (scratch / str(i)).iterdir())
+        if (int(name.split(".")[-1]) + 1) % 10 == last_digit:
+            return
+    raise AssertionError("event file names no longer end in the writer's number")
+
+
 def _ep(step, ret, length=5, **kw):
     return {"env_steps": step, "return": ret, "length": length, "wall_time": 0.0,
             "eval": False, **kw}
@@ -425,7 +436,10 @@ def test_an_evaluation_is_one_point_of_its_episodes_means_per_policy(tmp_path):
 
 def test_a_resume_hides_the_tensorboard_points_and_rows_a_killed_run_wrote_past_it(tmp_path):
     """A run killed at 30 env steps after its checkpoint at 10: the resumed session's points
-    at 20 and 30 replace the killed run's, in TensorBoard as in the JSONL files."""
+    at 20 and 30 replace the killed run's, in TensorBoard as in the JSONL files. Both
+    sessions open their event files in one second with writer numbers 9 and 10, whose names
+    sort the resumed session's file first unless the logger waits for the next second."""
+    _next_writer_numbered(9, tmp_path / "scratch")
     log = Logger(tmp_path, progress=False, backends="tensorboard")
     for step in (10, 20, 30):
         log.metrics({"env_steps": step, "updates": 0, "world_model/loss": float(step)})
