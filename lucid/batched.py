@@ -248,6 +248,7 @@ class BatchedAgents:
         for k, agent in enumerate(self.agents):
             self._seed_grads(k, list(self.trained))
             steps.append(agent.apply(loss[k].detach(), tuple(x[k] for x in latents)))
+            agent.updates += 1
         for s in self.stacked.values():
             s.grad = None
         metrics.update({name: torch.stack([st[name] for st in steps]) for name in steps[0]})

@@ -213,7 +213,7 @@ class TrainConfig:
     # kernels of its own (their gain did not justify a compiler at run time); true warns.
     cpp_kernels: bool = False  # no effect (kept for old config.yaml files)
     # CUDA only: capture the whole update (losses, backward passes, optimizer steps) as one
-    # CUDA graph and replay it per batch (lucid.agent.GraphedUpdate); one process, fixed B, T.
+    # CUDA graph and replay it per batch (lucid.graph.GraphedUpdate); one process, fixed B, T.
     # Settings left null are chosen for the learner's device (config.for_device): on CUDA
     # (one process) the update compiled, in bf16 and captured as one graph, over dense
     # one-hots, batches prefetched (the fastest GPU update: docs/performance.md);
@@ -740,8 +740,9 @@ def for_device(cfg: Config, device_type: str, data_parallel: bool = False) -> Co
     - data-parallel CUDA learners: no graph (it is for one process), eager, fp32, batches
       prefetched;
     - a CPU: no graph, eager, fp32, the one-hot layers gather, no prefetching;
-    - the Nature recipe, which has no graphed update yet: no graph, so eager fp32 on CUDA
-      too (train.compile=true compiles it).
+    - the Nature recipe: no graph, so eager fp32 on CUDA too, until its graphed, compiled
+      and bf16 update has been measured on a GPU (train.cuda_graph=true, train.compile=true
+      and train.precision=bf16 select each).
     A copy when anything was chosen, so a run's config.yaml keeps its nulls for the next
     device."""
     t, cuda = cfg.train, device_type == "cuda"

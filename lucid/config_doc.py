@@ -119,8 +119,8 @@ DESCRIPTIONS: dict[str, str] = {
                              "by REINFORCE",
     "train.compile": "`true` to compile (see above); `null`: compiled on CUDA when the "
                      "update is graphed (one process) and torch.compile can build GPU "
-                     "kernels there, else eager (the Nature recipe: eager, as it is not "
-                     "graphed yet)",
+                     "kernels there, else eager (the Nature recipe: eager, as its graph is "
+                     "not the default yet)",
     "run.seed": "seed of python, numpy and torch (envs and replay derive theirs from it)",
     "run.device": "`auto` (CUDA when torch sees a GPU, else CPU), `cpu`, `cuda` or `cuda:N`",
     "run.run_dir": "where the run is written; `null` = `runs/<env>-<date>-<time>-s<seed>`",

@@ -15,8 +15,10 @@ one optimizer (optim.LaProp), with the interface lucid's loop uses (`policy`, `t
     4. one backward pass of the scaled sum, one LaProp step over all networks, and the slow
        critic moved 2% toward the critic.
 
-Not yet here (issue 40): bf16 and the CUDA graph (`train.compile` compiles the update's
-steps and networks: `compile`).
+Speed paths, the same maths: `train.compile` compiles the update's steps and networks
+(`compile`), `train.precision=bf16` runs the networks' forward passes under bf16 autocast
+(`autocast`: the losses and distributions stay fp32) and `train.cuda_graph` captures the
+whole update as one CUDA graph (`lucid.graph`).
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ from .nature_losses import (PercentileNorm, continue_loss, continue_target, imag
                             imagination_losses, kl_losses, replay_value_loss, vector_loss)
 from .nature_model import NATURE_SIZES, nature_modules
 from .nature_nets import SymexpTwoHot
-from .nets import one_hot, onehot_sample, symexp, unimix_logits
+from .graph import GraphedUpdate, check_device
+from .nets import autocast, fp32, one_hot, onehot_sample, symexp, unimix_logits
 from .optim import LaProp
-from .warn import warn
-from .config import Config
+from .config import Config, for_device
 from .specs import ActionSpec, ObsSpec
 
 
@@ -84,7 +86,8 @@ class NatureAgent:
     def __init__(self, obs_spec: ObsSpec, act_spec: ActionSpec, config: Config,
                  device: str | torch.device = "cpu"):
         self.device = torch.device(device)
-        self.config = config
+        self.config = config = for_device(config, self.device.type)
+        check_device(config.train.cuda_graph, self.device)
         self.obs_spec, self.act_spec = obs_spec, act_spec
         self.s = NatureSettings.of(config)
         size = config.model.size
@@ -102,6 +105,7 @@ class NatureAgent:
         self.updates = 0
         self.context = config.train.replay_context  # steps before each window: 0 or 1
         self._latents: tuple[torch.Tensor, torch.Tensor] | None = None  # of the last update
+        self._graph: GraphedUpdate | None = None  # train.cuda_graph: captured at first update
         if config.train.compile:
             self.compile()
 
@@ -152,11 +156,8 @@ class NatureAgent:
         and entropies and the two-hot's loss and mean. The random numbers are drawn in eager
         code and passed in, so compiled and eager updates draw the same samples. The loss
         sums, the backward pass and the optimizer stay eager; `state_dict` keys do not
-        change. bf16 and the CUDA graph are not applied to this recipe yet."""
+        change."""
         t = self.config.train
-        if t.precision == "bf16" or t.cuda_graph:
-            warn("model.recipe=nature does not apply train.precision=bf16 or "
-                 "train.cuda_graph yet: its update runs in fp32, not graphed")
         # the heads' shared forward is called in several shapes and grad modes (as Agent)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         cpp_wrapper = t.cpp_wrapper and self.device.type == "cpu"
@@ -170,6 +171,14 @@ class NatureAgent:
         self.twohot.bins(torch.empty(0, device=self.device))  # cached now, not in a graph
         self.twohot.loss = torch.compile(self.twohot.loss, **opts)
         self.twohot.mean = torch.compile(self.twohot.mean, **opts)
+
+    def autocast(self):
+        """`train.precision=bf16`: the networks' forward passes of an update under bf16
+        autocast (matmuls and convolutions in bf16); every network's output is cast to fp32
+        (`nets.fp32`: logits, heads, decoder, actor), so distributions, losses, returns and
+        the recurrent state h stay fp32, as do parameters and the optimizer. Acting stays
+        fp32. fp32: a no-op context."""
+        return autocast(self.config.train.precision, self.device)
 
     def optimizers(self) -> dict:
         return {"all": self.opt}
@@ -234,12 +243,12 @@ class NatureAgent:
 
     def _policy_parts(self, feat: torch.Tensor):
         x = self.actor.mlp(feat)
-        logits = [head(x) for head in self.actor.logits]
+        logits = [fp32(head(x)) for head in self.actor.logits]
         normal = None
         if self.actor.mean is not None:
             lo, hi = self.s.minstd, self.s.maxstd
-            std = (hi - lo) * torch.sigmoid(self.actor.std(x) + 2.0) + lo
-            normal = (torch.tanh(self.actor.mean(x)), std)
+            std = (hi - lo) * torch.sigmoid(fp32(self.actor.std(x)) + 2.0) + lo
+            normal = (torch.tanh(fp32(self.actor.mean(x))), std)
         return logits, normal
 
     def sample_action(self, feat: torch.Tensor, explore: bool = True,
@@ -359,24 +368,29 @@ class NatureAgent:
     def _world_model(self, batch: dict, state: NatureState):
         """1. Observe the windows from `state`; the world model's per-step losses (B, T)
         and states."""
-        wm, s = self.wm, self.s
-        h, z, post = self.observe(state, wm.encoder(batch["obs"]), batch["action"],
-                                  batch["is_first"])
-        prior = wm.rssm.prior_logits(h)
+        wm, s, dec = self.wm, self.s, self.wm.decoder
+        with self.autocast():  # the networks; their outputs are fp32, the losses below too
+            h, z, post = self.observe(state, wm.encoder(batch["obs"]), batch["action"],
+                                      batch["is_first"])
+            prior = wm.rssm.prior_logits(h)
+            feat = self.feat(h, z)
+            reward, cont = wm.reward(feat), wm.cont(feat).squeeze(-1)
+            vectors, image = {}, None
+            if dec.mlp is not None:
+                x = dec.mlp(torch.cat([z.flatten(-2), h], -1))
+                vectors = {k: head(x) for k, head in dec.heads.items()}
+            if dec.cnn is not None:
+                image = dec.cnn(h, z.flatten(-2))
         losses = dict(zip(("dyn", "rep"), kl_losses(post, prior, s.unimix, s.free_nats)))
-        feat = self.feat(h, z)
-        losses["rew"] = self.twohot.loss(wm.reward(feat), batch["reward"])
-        losses["con"] = continue_loss(wm.cont(feat).squeeze(-1),
-                                      continue_target(batch["is_terminal"], s.discount_horizon))
+        losses["rew"] = self.twohot.loss(reward, batch["reward"])
+        losses["con"] = continue_loss(cont, continue_target(batch["is_terminal"],
+                                                            s.discount_horizon))
         rec = 0.0
-        dec = wm.decoder
-        if dec.mlp is not None:
-            x = dec.mlp(torch.cat([z.flatten(-2), h], -1))
-            for k, head in dec.heads.items():
-                rec = rec + vector_loss(head(x), batch["obs"][k])
-        if dec.cnn is not None:
+        for k, pred in vectors.items():
+            rec = rec + vector_loss(pred, batch["obs"][k])
+        if image is not None:
             images = torch.cat([batch["obs"][k] for k in wm.encoder.image_keys], -1)
-            rec = rec + image_loss(dec.cnn(h, z.flatten(-2)), images)
+            rec = rec + image_loss(image, images)
         losses["rec"] = rec
         return losses, h, z, feat
 
@@ -413,22 +427,22 @@ class NatureAgent:
         batch, start = self._window(batch)
         B, T = batch["reward"].shape
         losses, h, z, feat = self._world_model(batch, start)
-        imfeat, imact = self._imagine(h.detach().reshape(B * T, -1),
-                                      z.detach().reshape(B * T, *z.shape[2:]))
-        with torch.no_grad():
-            rew = self.twohot.mean(wm.reward(imfeat))
-            con = torch.sigmoid(wm.cont(imfeat).squeeze(-1))
-            slow = critic.slow(imfeat)
-        logpi, ent = self._logp_entropy(imfeat, imact)
+        with self.autocast():  # the networks (fp32 outputs); the losses after, in fp32
+            imfeat, imact = self._imagine(h.detach().reshape(B * T, -1),
+                                          z.detach().reshape(B * T, *z.shape[2:]))
+            with torch.no_grad():
+                rew = wm.reward(imfeat)
+                con = torch.sigmoid(wm.cont(imfeat).squeeze(-1))
+                slow, slow_rep = critic.slow(imfeat), critic.slow(feat)
+            logpi, ent = self._logp_entropy(imfeat, imact)
+            val_logits, rep_logits = critic.net(imfeat), critic.net(feat)
         policy, value, ret, adv = imagination_losses(
-            self.twohot, rew, con, logpi, ent, critic.net(imfeat), slow, self.retnorm,
+            self.twohot, self.twohot.mean(rew), con, logpi, ent, val_logits, slow, self.retnorm,
             s.lam, s.actent, s.slowreg, gather=self.gather)
         losses["policy"], losses["value"] = policy, value
-        with torch.no_grad():
-            slow_rep = critic.slow(feat)
         losses["repval"], _ = replay_value_loss(
             self.twohot, batch["is_last"].float(), batch["is_terminal"].float(),
-            batch["reward"], ret[:, 0].reshape(B, T), critic.net(feat), slow_rep,
+            batch["reward"], ret[:, 0].reshape(B, T), rep_logits, slow_rep,
             s.discount_horizon, s.lam, s.slowreg)
         scales = dict(s.scales)
         loss = sum(scales[k] * v.mean() for k, v in losses.items())
@@ -457,11 +471,24 @@ class NatureAgent:
             rate = self.s.slow_rate * ok.float()
             for slow_p, p in zip(self.critic.slow.parameters(), self.critic.net.parameters()):
                 slow_p.lerp_(p, rate)
-        self.updates += 1
         return {"train/loss": loss, "train/grad_norm": norm.detach(),
                 "train/nonfinite_steps": (~ok).float()}
 
     def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
+        """One update; metrics as 0-d tensors (no syncs). With `train.cuda_graph` the update
+        is captured once and replayed (the batch's host-side keys, `_env` and `_step`, stay
+        outside the graph)."""
+        if self.config.train.cuda_graph:
+            tensors = {k: v for k, v in batch.items() if not k.startswith("_")}
+            if self._graph is None:
+                self._graph = GraphedUpdate(self, tensors)
+            out = self._graph(tensors)
+        else:
+            out = self._update(batch)
+        self.updates += 1
+        return out
+
+    def _update(self, batch: dict) -> dict[str, torch.Tensor]:
         loss, metrics, latents = self.loss(batch)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -493,5 +520,6 @@ class NatureAgent:
             m.load_state_dict(state["modules"][k])
         self.opt.load_state_dict(state["optimizers"]["all"])
         self.updates = int(state.get("updates", 0))
+        self._graph = None  # optimizer state tensors were replaced: capture again
 
 

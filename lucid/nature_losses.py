@@ -24,7 +24,7 @@ from torch import nn
 
 from .behavior import percentiles, replay_lambda_return
 from .nature_nets import SymexpTwoHot
-from .nets import categorical_kl, symlog, unimix_logits
+from .nets import categorical_kl, fp32, symlog, unimix_logits
 
 
 class PercentileNorm(nn.Module):
@@ -72,11 +72,13 @@ def continue_loss(logit: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def image_loss(pred: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
     """Squared error of mean pixels (..., H, W, C) in [0, 1] to uint8 targets / 255, summed
     over pixels and channels."""
+    pred = fp32(pred)
     return (pred - image.to(pred.dtype) / 255.0).square().sum((-3, -2, -1))
 
 
 def vector_loss(pred: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Squared error to symlog(x), summed over the last axis."""
+    pred = fp32(pred)
     return (pred - symlog(x.to(pred.dtype))).square().sum(-1)
 
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from .nature_nets import BlockGRU, ImageDecoder, ImageEncoder, Linear, mlp
 from .config import NATURE_SIZES as SIZE_TABLE
-from .nets import symlog
+from .nets import fp32, symlog
 from .specs import ActionSpec, ObsSpec
 
 
@@ -104,6 +104,7 @@ class NatureRSSM(nn.Module):
         self.prior_logit = Linear(size.hidden, stoch_dim)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        x = fp32(x)  # under bf16 autocast too: the categoricals and their KL in fp32
         return x.reshape(*x.shape[:-1], self.size.stoch, self.size.classes)
 
     def prior_logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -122,7 +123,7 @@ class Head(nn.Module):
         self.out = Linear(units, out, outscale)
 
     def forward(self, feat: torch.Tensor) -> torch.Tensor:
-        return self.out(self.mlp(feat))
+        return fp32(self.out(self.mlp(feat)))  # distributions and losses run in fp32
 
 
 class NatureActor(nn.Module):

@@ -118,7 +118,7 @@ class BlockGRU(nn.Module):
                        x.unsqueeze(-2).expand(*lead, g, x.shape[-1])], -1).reshape(*lead, -1)
         for linear, norm in self.hidden:
             x = F.silu(norm(linear(x)))
-        parts = self.gates(x).reshape(*lead, g, 3, self.deter // g)
+        parts = fp32(self.gates(x)).reshape(*lead, g, 3, self.deter // g)  # h stays fp32
         reset, cand, update = (parts[..., i, :].reshape(*lead, self.deter) for i in range(3))
         reset = torch.sigmoid(reset)
         cand = torch.tanh(reset * cand)

@@ -7,6 +7,7 @@ the LayerNorm+SiLU dense block, the normalized GRU, and the image encoder/decode
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -39,6 +40,18 @@ def fp32(x: torch.Tensor) -> torch.Tensor:
     """Half-precision tensors (bf16/fp16 under autocast) to fp32; fp32 and fp64 pass as they
     are. Distributions, norms and losses run on what this returns."""
     return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
+def autocast(precision: str | None, device: torch.device):
+    """The context of an update's forward passes: torch.autocast(bf16) for
+    `train.precision=bf16`, else none (fp32)."""
+    if precision == "bf16":
+        # The cache of weight casts lives within one region (cleared on exit), so under
+        # train.cuda_graph the casts are captured once per region, as in eager; without it
+        # each RSSM step cast its weights anew and kept the copy for backward, several times
+        # the memory of an eager update.
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 class TwoHot:

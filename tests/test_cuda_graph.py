@@ -16,7 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from train_step import batch_for, spaces  # noqa: E402
 
 from determinism import deterministic_sampling  # noqa: E402
-from lucid.agent import Agent, restore, snapshot  # noqa: E402
+from lucid.agent import Agent  # noqa: E402
+from lucid.graph import restore, snapshot  # noqa: E402
+from lucid.nature_agent import NatureAgent  # noqa: E402
 from lucid.config import ConfigError, make_config  # noqa: E402
 
 # Operators that read a tensor's value on the host (.item(), bool(), data-dependent shapes)
@@ -47,7 +49,22 @@ def _agent(obs="vector", action="discrete", device="cpu", seed=0, **train):
     return Agent(obs_spec, act_spec, cfg, device), batch_for(obs_spec, act_spec, 3, 8, device)
 
 
+def _nature(obs="vector", action="discrete", device="cpu", seed=0, **train):
+    """The Nature recipe's agent at 1m, eager fp32 unless asked, windows from the zero state
+    (the replay context's latents are written outside the update)."""
+    cfg = make_config("nature", model={"size": "1m"},
+                      train={"batch_size": 3, "batch_length": 8, "horizon": 4,
+                             "replay_context": 0, "lr_warmup": 0, "compile": False,
+                             "precision": "fp32", **train})
+    obs_spec, act_spec = spaces(obs, action)
+    torch.manual_seed(seed)
+    return (NatureAgent(obs_spec, act_spec, cfg, device),
+            batch_for(obs_spec, act_spec, 3, 8, device))
+
+
 @pytest.mark.parametrize("obs,action,train", [
+    ("vector", "discrete", {"recipe": "nature"}),
+    ("image", "mixed", {"recipe": "nature", "precision": "bf16"}),
     ("vector", "discrete", {}),
     ("vector", "discrete", {"onehot_gather": False}),
     ("image", "continuous", {}),  # backpropagation through the dynamics
@@ -57,16 +74,22 @@ def _agent(obs="vector", action="discrete", device="cpu", seed=0, **train):
     ("vector", "continuous", {"replay_value_scale": 0.3, "replay_value_grad": True}),
 ])
 def test_update_reads_nothing_back_to_the_host(obs, action, train):
-    agent, batch = _agent(obs, action, **train)
-    agent.wm.skip_resets = False  # as on GPUs
+    train = dict(train)
+    if train.pop("recipe", "2023") == "nature":
+        agent, batch = _nature(obs, action, **train)
+    else:
+        agent, batch = _agent(obs, action, **train)
+        agent.wm.skip_resets = False  # as on GPUs
     agent.train_step(batch)  # optimizer state exists from here on, as in a captured update
     batch["reward"][0, 2] = float("nan")  # a skipped step is decided on the device too
     with HostReads() as probe:
         metrics = agent.train_step(batch)
     assert not probe.seen, "host reads in the update:\n" + "\n".join(
         f"{k}:\n{v}" for k, v in probe.seen.items())
-    # The world model's step; the critic's too where it also learns from replayed rewards.
-    assert float(metrics["train/nonfinite_steps"]) == 1 + (train.get("replay_value_scale", 0) > 0)
+    # The world model's step; the critic's too where it also learns from replayed rewards;
+    # the Nature recipe's one step.
+    skipped = 1 + (train.get("replay_value_scale", 0) > 0) if isinstance(agent, Agent) else 1
+    assert float(metrics["train/nonfinite_steps"]) == skipped
 
 
 def test_with_resets_every_step_the_update_is_the_same(monkeypatch):
@@ -89,11 +112,13 @@ def _state(agent):
     return tensors
 
 
+@pytest.mark.parametrize("recipe", ["2023", "nature"])
 @pytest.mark.parametrize("before", [0, 1])  # a fresh agent; one with optimizer state
-def test_restore_undoes_warmup_updates_exactly(monkeypatch, before):
+def test_restore_undoes_warmup_updates_exactly(monkeypatch, before, recipe):
     deterministic_sampling(monkeypatch.setattr)
-    warmed, batch = _agent()
-    plain, _ = _agent()
+    make = _nature if recipe == "nature" else _agent
+    warmed, batch = make()
+    plain, _ = make()
     for _ in range(before):
         warmed.train_step(batch)
         plain.train_step(batch)
@@ -113,8 +138,9 @@ def test_restore_undoes_warmup_updates_exactly(monkeypatch, before):
 def test_cuda_graph_needs_a_cuda_device():
     with pytest.raises(ConfigError, match="train.cuda_graph=true needs a CUDA device"):
         make_config("default", train={"cuda_graph": True}, run={"device": "cpu"})
-    with pytest.raises(ValueError, match="needs a CUDA device"):
-        _agent(cuda_graph=True)
+    for make in (_agent, _nature):
+        with pytest.raises(ValueError, match="needs a CUDA device"):
+            make(cuda_graph=True)
 
 
 # --------------------------------------------------------------------------- on a GPU
@@ -174,6 +200,32 @@ def test_graphed_updates_equal_eager_updates(monkeypatch, obs, gather, train):
     # above, which every later step depends on, are the strict check.
     for a, b in zip(_state(eager), _state(graphed)):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
+@cuda
+@pytest.mark.parametrize("obs,action,train", [
+    pytest.param("vector", "discrete", {}, id="vector"),
+    pytest.param("image", "discrete", {"precision": "bf16"}, id="image-bf16"),
+    pytest.param("vector", "discrete", {"compile": True}, id="vector-compiled"),
+])
+def test_graphed_nature_updates_equal_eager_ones(monkeypatch, obs, action, train):
+    """The Nature recipe's update (its one loss, backward pass, LaProp step and slow critic)
+    replayed as a graph gives the eager update's metrics and state, as the 2023 agent's
+    (tolerances as there; discrete actions: deterministic sampling draws no numbers)."""
+    deterministic_sampling(monkeypatch.setattr)
+    torch.backends.cudnn.allow_tf32 = False
+    precision = train.get("precision", "fp32")
+    eager, batch = _nature(obs, action, device="cuda", cuda_graph=False, precision=precision)
+    graphed, _ = _nature(obs, action, device="cuda", cuda_graph=True, **train)
+    fp32 = precision == "fp32" and not train.get("compile")
+    tol = {"rel": 1e-3, "abs": 1e-5} if fp32 else {"rel": 3e-2, "abs": 1e-2}
+    for i, b in enumerate(_new_rewards(batch)):
+        m_e, m_g = eager.train(b), graphed.train(b)
+        for k in m_e:
+            assert m_g[k] == pytest.approx(m_e[k], **tol), (i, k)
+    assert graphed.updates == eager.updates == 4
+    for a, b in zip(_state(eager), _state(graphed)):
+        torch.testing.assert_close(a, b, rtol=1e-3 if fp32 else 1e-2, atol=1e-3)
 
 
 @cuda
