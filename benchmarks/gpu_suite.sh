@@ -17,7 +17,7 @@
 #      steps at which the mean of the last 10 training returns first reaches 450, if it does
 #   4. with the time left: the graph alone (bf16), several seeds as one batched update
 #      (benchmarks/seeds.py: K=8 at S, K=4 at XL), the Nature recipe at 12m, 50m and 200m
-#      (eager and compiled, fp32; NATURE_SIZES), a profile of the largest size's update
+#      (compiled, bf16 and graphed; then eager fp32; NATURE_SIZES), a profile of the largest size's update
 #      (top operators by kernel time, eager and compiled: benchmarks/profile_step.py), eager
 #      bf16 (S, XL; vector) for the ratios, compiled + graphed in fp32 at S
 # then a summary table against the issue's targets (bf16: S <= 25 ms, XL <= 75 ms per update,
@@ -242,9 +242,11 @@ for sk in "${SIZES%% *} 8" "${SIZES##* } 4"; do
     --batch "${BATCH}x${LENGTH}" --precision bf16 --threads 16 --repeats 5 \
     --out "$OUTDIR/gpu_seeds_${size}_k$k.json"
 done
-# the Nature recipe (issue 40's rows; its update is neither graphed nor bf16 yet): eager and
-# compiled, fp32, vector inputs
-bench nature "$END" 150 "${NATURE_SIZES:-12m 50m 200m}" --obs vector --precision fp32 --both
+# the Nature recipe (issue 40's rows, against the authors' JAX in bf16 at B=16, T=64):
+# compiled, bf16 and graphed first, then eager fp32 for the ratio; vector inputs
+bench nature "$END" 150 "${NATURE_SIZES:-12m 50m 200m}" --obs vector --precision bf16 \
+  --compile --set train.cuda_graph=true
+bench nature_eager "$END" 120 "${NATURE_SIZES:-12m 50m 200m}" --obs vector --precision fp32
 # where the largest size's time goes: the top operators by kernel time, eager and compiled
 # (no graph: the profiler's view of a replayed graph is one launch), into the log and details
 for mode in eager compiled; do

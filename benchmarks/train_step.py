@@ -100,10 +100,9 @@ def peak_memory_mb(device) -> float:
 def count_flops(agent, batch: dict) -> int:
     """Floating-point operations of one full update (forward and backward of all three
     losses), as counted by torch.utils.flop_counter (matmuls, convolutions, attention), on
-    the uncaptured update (`train.cuda_graph` replays the same operations; the Nature
-    agent's `train_step` is always uncaptured)."""
+    the uncaptured update (`train.cuda_graph` replays the same operations)."""
     from torch.utils.flop_counter import FlopCounterMode
-    update = getattr(agent, "_update", None) or agent.train_step
+    update = agent._update
     with FlopCounterMode(display=False) as counter:
         update(batch)
     return int(counter.get_total_flops())
@@ -178,10 +177,9 @@ def bench(size, obs, action, B, T, iters, warmup, device, compile_=False,
     med = statistics.median(times)
     return {"size": size, "obs": obs, "action": action, "B": B, "T": T,
             "horizon": agent.config.train.horizon, "device": str(device),
-            # as the device chose; the Nature agent's update is never graphed
-            "mode": mode_name(compile_, agent.config.train.cuda_graph and not is_nature(size)),
+            "mode": mode_name(compile_, agent.config.train.cuda_graph),  # as the device chose
             "recipe": "nature" if is_nature(size) else "2023",
-            "precision": "fp32" if is_nature(size) else precision,
+            "precision": precision,
             "ms_median": 1e3 * med, "ms_min": 1e3 * min(times), "ms_max": 1e3 * max(times),
             "first_s": first_s, "updates_per_s": 1 / med, "replayed_steps_per_s": B * T / med,
             "flops_per_update": flops, "gflops_per_s": flops / med / 1e9,
