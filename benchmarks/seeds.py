@@ -3,12 +3,14 @@ K seeds updated one after another.
 
     python benchmarks/seeds.py [--sizes nano,mini,1m] [--k 4] [--batch 16x64] [--device cpu]
                                [--threads 2] [--precision fp32] [--repeats 9]
-                               [--out results/seeds.json]
+                               [--compile] [--graph] [--out results/seeds.json]
 
 Per size: the median ms of one update of one agent, of K agents as one batched update (vmap),
 and of K agents updated in turn (BatchedAgents' other mode, and what K runs in one process
 would cost), with the ratios
-batched / one and sequential / batched; discrete actions, a 4-dim vector observation. Memory
+batched / one and sequential / batched; with `--compile` (and `--graph`, CUDA), also K agents
+compiled (and graphed) updated in turn, the mode `--seeds` takes with train.compile=true
+(or train.cuda_graph=true); discrete actions, a 4-dim vector observation. Memory
 per added seed: the parameters and Adam moments of one agent (each seed holds its own), and
 on CUDA the peak memory of the batched update for K against one. Prints a table and writes
 JSON.
@@ -63,11 +65,11 @@ def _time(fn, repeats: int, device) -> float:
 
 
 def measure(size: str, k: int, B: int, T: int, device, repeats: int,
-            precision: str = "fp32") -> dict:
+            precision: str = "fp32", compile_: bool = False, graph: bool = False) -> dict:
     cfg = bench_config(size, batch_size=B, batch_length=T, compile=False, cuda_graph=False,
                        precision=precision)  # a Nature size: that recipe's agent
 
-    def agent(seed):
+    def agent(seed, cfg=cfg):
         torch.manual_seed(seed)
         return agent_class(cfg)(OBS, ACT, cfg, device)
     one, b1 = agent(0), _batch(B, T, 0, device)
@@ -96,6 +98,13 @@ def measure(size: str, k: int, B: int, T: int, device, repeats: int,
     row["sequential_ms"] = _time(in_turn, repeats, device)
     row["batched_over_one"] = row["batched_ms"] / row["one_ms"]
     row["sequential_over_batched"] = row["sequential_ms"] / row["batched_ms"]
+    if compile_ or graph:  # each agent's own fast update, in turn (the warm-up compiles)
+        fast_cfg = bench_config(size, batch_size=B, batch_length=T, compile=compile_,
+                                cuda_graph=graph, precision=precision)
+        fast = BatchedAgents([agent(s, fast_cfg) for s in range(k)])
+        row["fast"] = "+".join(n for n, on in (("compiled", compile_), ("graph", graph)) if on)
+        row["fast_turn_ms"] = _time(lambda: fast.train_step(bk), repeats, device)
+        row["fast_turn_over_batched"] = row["fast_turn_ms"] / row["batched_ms"]
     state = sum(p.numel() for m in one.modules().values() for p in m.state_dict().values())
     trained = sum(sum(p.numel() for p in net.parameters()) for net in
                   (one.wm, one.actor, one.critic.net))
@@ -112,19 +121,26 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--precision", default="fp32", help="fp32 or bf16")
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--compile", action="store_true",
+                    help="also K compiled agents in turn (--seeds with train.compile=true)")
+    ap.add_argument("--graph", action="store_true",
+                    help="also K graphed agents in turn (CUDA; --seeds with train.cuda_graph)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "seeds.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     B, T = (int(x) for x in args.batch.lower().split("x"))
-    rows = [measure(s, args.k, B, T, device, args.repeats, args.precision)
-            for s in args.sizes.split(",")]
+    rows = [measure(s, args.k, B, T, device, args.repeats, args.precision, args.compile,
+                    args.graph) for s in args.sizes.split(",")]
     print(f"{'size':6} {'K':>2} {'batch':>6} {'one ms':>8} {'batched':>8} {'in turn':>8} "
           f"{'batched/one':>11} {'in turn/batched':>15} {'MiB/seed':>8}")
     for r in rows:
         print(f"{r['size']:6} {r['k']:>2} {r['batch']:>6} {r['one_ms']:8.1f} "
               f"{r['batched_ms']:8.1f} {r['sequential_ms']:8.1f} {r['batched_over_one']:11.2f} "
               f"{r['sequential_over_batched']:15.2f} {r['state_mib_per_seed']:8.2f}")
+        if "fast" in r:
+            print(f"{'':6} {r['fast']} in turn: {r['fast_turn_ms']:.1f} ms "
+                  f"({r['fast_turn_over_batched']:.2f}x the batched update's time)")
     info = {"device": str(device), "threads": args.threads, "torch": torch.__version__,
             "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -89,18 +89,23 @@ class BatchedAgents:
                 raise ValueError("the agents of one batched update need the same class, "
                                  "spaces, device, model and train settings")
         t = first.config.train
-        if t.compile or t.cuda_graph:
-            raise ValueError("several seeds in one update run without train.compile and "
-                             "train.cuda_graph for now: set both to false")
+        fast = t.compile or t.cuda_graph  # each agent's own compiled or graphed update
+        if fast and vmap:
+            raise ValueError("the batched update (vmap) runs without train.compile and "
+                             "train.cuda_graph: set both to false, or update the seeds in "
+                             "turn (vmap=False), each with its own compiled or graphed update")
         self.agents = agents
         self.template = first
         # `vmap`: the batched update, or (False) each agent's own update in turn. Null: the
         # device's choice. On a GPU one seed's update leaves it mostly idle, so K batched
         # cost little more than one. On a CPU the cores are busy already; batching still
         # gains a little at small batches, and loses at large ones, whose batched tensors
-        # outgrow the allocator's cache (docs/scaling.md, benchmarks/seeds.py).
-        self.vmap = (first.device.type == "cuda" or t.batch_size * t.batch_length <= 256) \
-            if vmap is None else vmap
+        # outgrow the allocator's cache (docs/scaling.md, benchmarks/seeds.py). Compiled or
+        # graphed agents go in turn, each through its own fast update.
+        if vmap is None:
+            vmap = not fast and (first.device.type == "cuda"
+                                 or t.batch_size * t.batch_length <= 256)
+        self.vmap = vmap
         if self.vmap and isinstance(first, Agent):
             # vmap cannot branch on values read back to the host (the CPU's shortcut of
             # skipping the reset arithmetic at steps where no row starts an episode): the

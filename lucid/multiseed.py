@@ -26,21 +26,19 @@ from .runner import EnvError
 from .train import Trainer
 
 def _for_seeds(cfg: Config) -> Config:
-    """The config each seed runs: the graph and compile, which the batched update does not
-    take yet, off where the device would choose them; refused where set."""
+    """The config each seed runs: the graph and compile off where the device would choose
+    them (the batched update takes neither); set, the seeds update in turn, each compiled or
+    graphed (lucid.batched)."""
     t, r = cfg.train, cfg.run
     if cfg.explore.method != "none":
         raise ConfigError(f"--seeds batches the paper's agent; explore.method="
                           f"{cfg.explore.method} trains its seeds as separate runs for now "
                           f"(lucid repro without --batched)")
-    if t.compile or t.cuda_graph:
-        raise ConfigError("--seeds trains without train.compile and train.cuda_graph for "
-                          "now: leave them unset (null) or set them false")
     if r.runners != "local":
         raise ConfigError("--seeds steps local envs (run.runners=local); Ray runners "
                           "serve one seed per run (docs/scaling.md)")
-    return dataclasses.replace(cfg, train=dataclasses.replace(t, compile=False,
-                                                              cuda_graph=False))
+    return dataclasses.replace(cfg, train=dataclasses.replace(
+        t, compile=bool(t.compile), cuda_graph=bool(t.cuda_graph)))
 
 
 class SeedsTrainer:

@@ -150,6 +150,13 @@ def test_agents_that_differ_are_refused():
         BatchedAgents([a, b])
 
 
+def test_compiled_agents_go_in_turn_and_are_refused_to_vmap():
+    agents = [_agent(k, "discrete", {"compile": True}, image=False) for k in range(2)]
+    assert BatchedAgents(agents).vmap is False  # the device's choice: each its own update
+    with pytest.raises(ValueError, match="in turn"):
+        BatchedAgents(agents, vmap=True)
+
+
 def test_agents_updated_in_turn_equal_separate_updates(monkeypatch):
     """The mode a CPU takes for large batches (BatchedAgents(vmap=False)): the same results."""
     singles, _, batches = _pair("box-dynamics", monkeypatch)

@@ -71,9 +71,9 @@ def test_seeds_are_refused_where_they_cannot_work(tmp_path):
     r = runner.invoke(app, ["train", "CartPole-v1", "--seeds", "0-1", "--seed", "3",
                             "--run-dir", str(tmp_path / "a")])
     assert r.exit_code != 0 and "--seed or --seeds" in r.output
-    r = runner.invoke(app, ["train", "CartPole-v1", "--seeds", "0-1", "train.compile=true",
-                            "--run-dir", str(tmp_path / "b")])
-    assert r.exit_code != 0 and "train.compile" in r.output
+    r = runner.invoke(app, ["train", "CartPole-v1", "--seeds", "0-1", "train.cuda_graph=true",
+                            "--device", "cpu", "--run-dir", str(tmp_path / "b")])
+    assert r.exit_code != 0 and "needs a CUDA device" in r.output
     r = runner.invoke(app, ["train", "CartPole-v1", "--seeds", "x-y",
                             "--run-dir", str(tmp_path / "c")])
     assert r.exit_code != 0 and "0,1,2 or 0-3" in r.output
@@ -127,3 +127,25 @@ def test_the_nature_recipes_seeds_train_with_their_replay_context_and_resume(tmp
     assert r.exit_code == 0, r.output
     again = json.loads(r.output.split("done: ", 1)[1])
     assert all(again[s]["updates"] > u for s, u in zip(("0", "1"), updates))
+
+
+def test_compiled_seeds_update_in_turn_each_compiled(tmp_path):
+    """train.compile=true with --seeds: the batched update takes no compiled steps, so the
+    seeds update in turn, each through its own compiled update (that one equals the eager
+    one: tests/test_compile.py). Within the prefill, so nothing is compiled here."""
+    from lucid.config import make_config
+    from lucid.multiseed import SeedsTrainer
+    cfg = make_config("cpu-control", env={"id": "CartPole-v1"}, model={"size": "nano"},
+                      train={"compile": True, "prefill": 100},
+                      run={"steps": 40, "logger": "none", "progress": False,
+                           "videos": False})
+    tr = SeedsTrainer.start(cfg, [0, 1], tmp_path / "c")
+    try:
+        assert tr.batched.vmap is False
+        assert all(t.agent.config.train.compile for t in tr.trainers)
+        tr.run()
+    finally:
+        tr.close()
+    for d in seed_dirs(tmp_path / "c"):
+        assert yaml.safe_load((d / "config.yaml").read_text())["train"]["compile"] is True
+
