@@ -311,9 +311,14 @@ class ExploreConfig:
     # authors' 2023 DreamerV3 code). A small model's posterior can stay near uniform (the
     # history in h carries the state), leaving z a coin toss no member can learn.
     target: str = "embed"  # what the ensemble predicts: "embed" or "latent"
-    # The exploration actor's entropy scale; null takes train.entropy, the task actor's
-    # (docs/exploration.md measures a larger one).
-    entropy: Optional[float] = None  # the exploration actor's entropy scale (null: train.entropy)
+    # What the ensemble reads of a state, besides the action: "deter" (h alone) or "feat"
+    # ([h, z], the authors' code). A near-uniform posterior's z is noise, whose fresh draws
+    # in imagination the members disagree about wherever the state is (docs/exploration.md).
+    inputs: str = "deter"  # the ensemble's input: "deter" ([h, a]) or "feat" ([h, z, a])
+    # The exploration actor's entropy scale; null takes train.entropy, the task actor's, as
+    # the authors' code. Its intrinsic reward is dense and normalized, so its advantages stay
+    # near 1 and train.entropy's 3e-4 let it settle on one path; docs/exploration.md measures.
+    entropy: Optional[float] = 1e-2  # the exploration actor's entropy scale (null: train.entropy)
     members: int = 8  # predictors in the ensemble
     layers: int = 5  # hidden layers of each member
     units: Optional[int] = None  # their width (null: the model size's dense units; authors 1024)
@@ -542,6 +547,8 @@ def _explore_checks(cfg: Config) -> list[tuple[bool, str]]:
                                                                     EXPLORE_METHODS)),
         (e.then in ("explore", "task"), f"explore.then must be 'explore' or 'task', not "
          f"{e.then!r}"),
+        (e.inputs in ("feat", "deter"), f"explore.inputs must be 'feat' or 'deter', not "
+         f"{e.inputs!r}"),
         (e.target in ("embed", "latent"), f"explore.target must be 'embed' or 'latent', not "
          f"{e.target!r}"),
         (e.reward_free_steps >= 0 and e.extr_scale >= 0 and e.intr_scale >= 0,

@@ -61,8 +61,9 @@ class ExploreAgent(Agent):
         e, t, wm = self.config.explore, self.config.train, self.wm
         units = e.units or self.config.model.dims()["dense_units"]
         out_dim = wm.encoder.out_dim if e.target == "embed" else wm.G * wm.K
-        self.ensemble = Disagreement(wm.feat_dim + act_spec.dim, out_dim, e.members,
-                                     e.layers, units).to(self.device)
+        in_dim = (wm.feat_dim if e.inputs == "feat" else wm.D) + act_spec.dim
+        self.ensemble = Disagreement(in_dim, out_dim, e.members, e.layers,
+                                     units).to(self.device)
         self.explorer = self.build_actor().to(self.device)
         # One critic and one return normalizer per reward the exploration actor weighs.
         self.rewards = {"intr": e.intr_scale, **({"extr": e.extr_scale} if e.extr_scale else {})}
@@ -124,9 +125,9 @@ class ExploreAgent(Agent):
 
     def _ensemble_step(self, batch: dict, out: dict, metrics: dict) -> torch.Tensor:
         """7. Each member predicts the next step's embedding (or posterior z_{t+1}) from the
-        replayed [h_t, z_t, a_t]; transitions into a new episode (is_first at t+1) are left
+        replayed [h_t, a_t] (or [h_t, z_t, a_t]: explore.inputs); transitions into a new episode (is_first at t+1) are left
         out: nothing predicts a reset."""
-        feat = out["feat"].detach()[:, :-1]
+        feat = self._ensemble_input(_dense(out["feat"]).detach()[:, :-1])
         x = torch.cat([feat, batch["action"][:, :-1].to(feat.dtype)], -1)
         nxt = out["embed"] if self.config.explore.target == "embed" else out["z"].flatten(-2)
         target = nxt.detach()[:, 1:]
@@ -138,6 +139,10 @@ class ExploreAgent(Agent):
             self.opt_ensemble, loss, self.ensemble.parameters(), self.clip("ensemble"))
         return ok
 
+    def _ensemble_input(self, feat: torch.Tensor) -> torch.Tensor:
+        """What of a state [h, z] the ensemble reads (`explore.inputs`): all of it, or h."""
+        return feat if self.config.explore.inputs == "feat" else feat[..., :self.wm.D]
+
     def _explore_steps(self, batch: dict, out: dict, metrics: dict) -> torch.Tensor:
         """8.-10. Imagine with the explorer, reward it by disagreement (and the env's reward),
         and step its actor and critics. Returns the count of skipped steps."""
@@ -146,7 +151,7 @@ class ExploreAgent(Agent):
         im = self._imagine(out, batch, self.explorer, self.expl_critics[first])
         with self.autocast(), frozen(self.ensemble), \
                 torch.set_grad_enabled(not self._reinforce):
-            feat = _dense(im.feat[:-1])
+            feat = self._ensemble_input(_dense(im.feat[:-1]))
             intr = self.ensemble.disagreement(torch.cat([feat, im.action.to(feat.dtype)], -1))
         metrics["explore/disagreement_mean"] = intr.detach().mean()
         if self.config.explore.intr_norm:

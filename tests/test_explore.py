@@ -194,21 +194,29 @@ def test_explore_losses_leave_the_task_learners_alone(kind, monkeypatch):
         assert moved, f"no parameter of {prefix[:-1]} changed"
 
 
-@pytest.mark.parametrize("target", ["embed", "latent"])
-def test_the_ensemble_learns_the_next_step_of_the_replay(target, monkeypatch):
-    """Its rows are [h_t, z_t, a_t] of the replayed posterior, its targets the next step's
-    embedding (the encoder's output before this update) or posterior latent, and the rows
-    whose next step starts an episode are masked out."""
-    deterministic_sampling(monkeypatch.setattr)
-    _, agent, act, space = _agents("discrete", {"target": target})
-    batch = _batch(act, space, seed=4)
+def _ensemble_rows(monkeypatch, explore: dict, seed: int = 4):
+    """The agent, batch, encoder embedding and what one update fed the ensemble's loss."""
+    _, agent, act, space = _agents("discrete", explore)
+    batch = _batch(act, space, seed=seed)
     with torch.no_grad():
         embed = agent.wm.encoder(batch["obs"])
     seen = {}
     loss = agent.ensemble.loss
     monkeypatch.setattr(agent.ensemble, "loss",
                         lambda x, t, mask=None: seen.update(x=x, t=t, mask=mask) or loss(x, t, mask))
+    torch.manual_seed(11)
     agent.train(batch)
+    return agent, batch, embed, seen, act
+
+
+@pytest.mark.parametrize("target", ["embed", "latent"])
+def test_the_ensemble_learns_the_next_step_of_the_replay(target, monkeypatch):
+    """Its rows are [h_t, z_t, a_t] of the replayed posterior, its targets the next step's
+    embedding (the encoder's output before this update) or posterior latent, and the rows
+    whose next step starts an episode are masked out."""
+    deterministic_sampling(monkeypatch.setattr)
+    agent, batch, embed, seen, act = _ensemble_rows(monkeypatch, {"target": target,
+                                                                  "inputs": "feat"})
     wm = agent.wm
     B, T = batch["is_first"].shape
     assert seen["x"].shape == (B, T - 1, wm.feat_dim + act.dim)
@@ -220,6 +228,23 @@ def test_the_ensemble_learns_the_next_step_of_the_replay(target, monkeypatch):
         z = seen["t"].reshape(B, T - 1, wm.G, wm.K)
         torch.testing.assert_close(z.max(-1).values, torch.ones(B, T - 1, wm.G))
         torch.testing.assert_close(z.sum(-1), torch.ones(B, T - 1, wm.G))
+
+
+def test_the_ensemble_can_read_h_alone(monkeypatch):
+    """explore.inputs=deter (the default): the members read [h_t, a_t], the same h and
+    actions as the [h_t, z_t, a_t] rows of explore.inputs=feat, and are built that wide; in
+    imagination too (a wrong width would fail there)."""
+    deterministic_sampling(monkeypatch.setattr)
+    full, _, _, rows, _ = _ensemble_rows(monkeypatch, {"inputs": "feat"})
+    agent, batch, _, seen, act = _ensemble_rows(monkeypatch, {})
+    D = agent.wm.D
+    B, T = batch["is_first"].shape
+    assert agent.ensemble.net[0].weight.shape[-2:] == (D + act.dim, 16)
+    assert full.ensemble.net[0].weight.shape[-2:] == (full.wm.feat_dim + act.dim, 16)
+    assert seen["x"].shape == (B, T - 1, D + act.dim)
+    torch.testing.assert_close(seen["x"][..., :D], rows["x"][..., :D], rtol=0, atol=0)
+    torch.testing.assert_close(seen["x"][..., D:], batch["action"][:, :-1])
+    torch.testing.assert_close(seen["t"], rows["t"], rtol=0, atol=0)
 
 
 def test_each_optimizer_holds_only_its_own_parameters():
@@ -314,6 +339,7 @@ def test_checkpoint_round_trip_and_refusal():
 @pytest.mark.parametrize("overrides, message", [
     (["explore.method=p2x"], "explore.method must be one of none, p2e"),
     (["explore.target=obs"], "explore.target must be 'embed' or 'latent'"),
+    (["explore.inputs=h"], "explore.inputs must be 'feat' or 'deter'"),
     (["explore.method=p2e", "explore.then=task"], "never lets the exploration policy act"),
     (["explore.method=p2e", "explore.intr_scale=0"], "explore.intr_scale must be > 0"),
     (["explore.method=p2e", "explore.members=1"], "explore.members must be >= 2"),
