@@ -20,7 +20,7 @@ from .behavior import (Actor, Critic, ReturnNorm, actor_loss, critic_loss, episo
                        imagined_weights, lambda_return, replay_critic_loss, replay_lambda_return,
                        uses_reinforce)
 from .config import Config, ConfigError, for_device
-from .graph import GraphedUpdate, check_device
+from .graph import GraphedUpdate, check_device, graphed_or_eager
 from .nets import autocast, dense_for
 from .plugins import import_attr
 from .specs import ActionSpec, ObsSpec
@@ -304,12 +304,7 @@ class Agent:
     def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
         """One update of all three components; returns metrics as 0-d tensors (no syncs).
         With `train.cuda_graph` the update is captured once and replayed."""
-        if self.config.train.cuda_graph:
-            if self._graph is None:
-                self._graph = GraphedUpdate(self, batch)
-            out = self._graph(batch)
-        else:
-            out = self._update(batch)
+        out = graphed_or_eager(self, batch)
         self.updates += 1
         return out
 

@@ -104,3 +104,15 @@ class GraphedUpdate:
         _copy_into(self.batch, batch)
         self.graph.replay()
         return dict(zip(self.keys, self.values.clone().unbind()))
+
+
+def graphed_or_eager(agent, batch: dict) -> dict[str, torch.Tensor]:
+    """`agent._update(batch)`, or under `train.cuda_graph` the agent's update graph
+    (`agent._graph`, captured at the first call) replayed on it; the batch's host-side keys
+    (`_env`, `_step`: where the replay holds its steps) stay outside the graph."""
+    if not agent.config.train.cuda_graph:
+        return agent._update(batch)
+    tensors = {k: v for k, v in batch.items() if not k.startswith("_")}
+    if agent._graph is None:
+        agent._graph = GraphedUpdate(agent, tensors)
+    return agent._graph(tensors)

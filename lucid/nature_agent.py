@@ -33,7 +33,7 @@ from .nature_losses import (PercentileNorm, continue_loss, continue_target, imag
                             imagination_losses, kl_losses, replay_value_loss, vector_loss)
 from .nature_model import NATURE_SIZES, nature_modules
 from .nature_nets import SymexpTwoHot
-from .graph import GraphedUpdate, check_device
+from .graph import GraphedUpdate, check_device, graphed_or_eager
 from .nets import autocast, fp32, one_hot, onehot_sample, symexp, unimix_logits
 from .optim import LaProp
 from .config import Config, for_device
@@ -478,13 +478,7 @@ class NatureAgent:
         """One update; metrics as 0-d tensors (no syncs). With `train.cuda_graph` the update
         is captured once and replayed (the batch's host-side keys, `_env` and `_step`, stay
         outside the graph)."""
-        if self.config.train.cuda_graph:
-            tensors = {k: v for k, v in batch.items() if not k.startswith("_")}
-            if self._graph is None:
-                self._graph = GraphedUpdate(self, tensors)
-            out = self._graph(tensors)
-        else:
-            out = self._update(batch)
+        out = graphed_or_eager(self, batch)
         self.updates += 1
         return out
 
