@@ -125,9 +125,9 @@ class ExploreAgent(Agent):
 
     def _ensemble_step(self, batch: dict, out: dict, metrics: dict) -> torch.Tensor:
         """7. Each member predicts the next step's embedding (or posterior z_{t+1}) from the
-        replayed [h_t, a_t] (or [h_t, z_t, a_t]: explore.inputs); transitions into a new episode (is_first at t+1) are left
-        out: nothing predicts a reset."""
-        feat = self._ensemble_input(_dense(out["feat"]).detach()[:, :-1])
+        replayed [h_t, a_t] (or [h_t, z_t, a_t]: explore.inputs); transitions into a new
+        episode (is_first at t+1) are left out: nothing predicts a reset."""
+        feat = self._ensemble_input(out["feat"].detach()[:, :-1])
         x = torch.cat([feat, batch["action"][:, :-1].to(feat.dtype)], -1)
         nxt = out["embed"] if self.config.explore.target == "embed" else out["z"].flatten(-2)
         target = nxt.detach()[:, 1:]
@@ -139,9 +139,12 @@ class ExploreAgent(Agent):
             self.opt_ensemble, loss, self.ensemble.parameters(), self.clip("ensemble"))
         return ok
 
-    def _ensemble_input(self, feat: torch.Tensor) -> torch.Tensor:
-        """What of a state [h, z] the ensemble reads (`explore.inputs`): all of it, or h."""
-        return feat if self.config.explore.inputs == "feat" else feat[..., :self.wm.D]
+    def _ensemble_input(self, feat: torch.Tensor | OneHotCat) -> torch.Tensor:
+        """What of a state [h, z] the ensemble reads (`explore.inputs`): all of it, or h
+        (taken from a `OneHotCat`'s dense part without building z's one-hots)."""
+        if self.config.explore.inputs == "feat":
+            return _dense(feat)
+        return (feat.dense if isinstance(feat, OneHotCat) else feat)[..., :self.wm.D]
 
     def _explore_steps(self, batch: dict, out: dict, metrics: dict) -> torch.Tensor:
         """8.-10. Imagine with the explorer, reward it by disagreement (and the env's reward),
@@ -151,7 +154,7 @@ class ExploreAgent(Agent):
         im = self._imagine(out, batch, self.explorer, self.expl_critics[first])
         with self.autocast(), frozen(self.ensemble), \
                 torch.set_grad_enabled(not self._reinforce):
-            feat = self._ensemble_input(_dense(im.feat[:-1]))
+            feat = self._ensemble_input(im.feat[:-1])
             intr = self.ensemble.disagreement(torch.cat([feat, im.action.to(feat.dtype)], -1))
         metrics["explore/disagreement_mean"] = intr.detach().mean()
         if self.config.explore.intr_norm:
