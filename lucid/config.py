@@ -302,10 +302,15 @@ class ExploreConfig:
     then: str = "explore"  # "explore" or "task"
     extr_scale: float = 1.0  # weight of the env's reward in the exploration actor's advantage
     intr_scale: float = 0.1  # weight of the disagreement (each return normalized on its own)
-    # Divide the disagreement by a running mean of itself (decay train.return_norm_decay), so
-    # that it is about 1 per step whatever the latent's size; false: the raw variance, which
-    # DreamerV3's return normalizer (floor 1) leaves too small to steer the explorer.
+    # Divide the disagreement by a running mean of itself, so that it is about 1 per step
+    # whatever the latent's size; false: the raw variance, which DreamerV3's return
+    # normalizer (floor 1) leaves too small to steer the explorer.
     intr_norm: bool = True  # divide the disagreement by its running mean
+    # That mean's decay per update; 0: this batch's own mean. The disagreement falls tenfold
+    # as the ensemble learns a region and jumps when the explorer reaches a new one; a slow
+    # mean (0.99) lags both, shrinking the reward under the entropy bonus, then inflating it
+    # into advantages that collapse the explorer onto one path (docs/exploration.md).
+    intr_norm_decay: float = 0.0  # decay of the disagreement's running mean (0: the batch's)
     # What the ensemble predicts of the next step: "embed" (the encoder's embedding of the
     # next observation, as the Plan2Explore paper) or "latent" (the next posterior z, the
     # authors' 2023 DreamerV3 code). A small model's posterior can stay near uniform (the
@@ -556,6 +561,8 @@ def _explore_checks(cfg: Config) -> list[tuple[bool, str]]:
         (e.members >= 2 and e.layers >= 0 and (e.units is None or e.units >= 1),
          "explore.members must be >= 2, explore.layers >= 0 and explore.units >= 1 (or null)"),
         (e.entropy is None or e.entropy >= 0, "explore.entropy must be >= 0 (or null)"),
+        (0 <= e.intr_norm_decay < 1, f"explore.intr_norm_decay must be in [0, 1), not "
+         f"{e.intr_norm_decay}"),
         (e.lr >= 0 and e.eps >= 0 and e.clip > 0,
          "explore.lr and explore.eps must be >= 0 and explore.clip > 0"),
         (not p2e or e.intr_scale > 0, "explore.method=p2e explores on the disagreement: "

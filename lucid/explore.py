@@ -23,7 +23,9 @@ leaves returns unscaled: the exploration actor's advantage would then be
 smaller than its entropy bonus and it would act at random. So the reward is divided by a
 running mean of itself (`RunningMean`, as DreamerV2's and Plan2Explore's code normalise
 their intrinsic reward), which makes it about 1 per step for any target; the returns are then
-normalised as the task's are.
+normalised as the task's are. By default the mean is the batch's own (decay 0): the
+disagreement changes tenfold within a few hundred updates, and a lagging mean turns that
+into rewards far below or far above 1 (docs/exploration.md).
 """
 
 from __future__ import annotations

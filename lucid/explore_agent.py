@@ -5,7 +5,8 @@ Besides the paper's update (world model, task actor and critic, unchanged), each
 predict each next step's embedding (explore.target); (8) imagines H steps from the same
 start states with the exploration actor; the intrinsic reward of step k is the ensemble's disagreement about the
 transition into it, r_int[k] = Var(s_{k-1}, a_{k-1}), the reward of the action a_{k-1};
-the disagreement is divided by its running mean (explore.intr_norm, `lucid.explore`);
+the disagreement is divided by its running mean (explore.intr_norm, `lucid.explore`: by
+default the batch's own);
 (9) one critic and one return normalizer per reward (intrinsic; extrinsic where
 explore.extr_scale > 0, as the authors' 2023 code), and the exploration actor's advantage
 
@@ -76,7 +77,7 @@ class ExploreAgent(Agent):
         self.expl_retnorms = nn.ModuleDict({
             k: ReturnNorm(t.return_norm_decay, t.return_norm_low, t.return_norm_high,
                           t.return_norm_min_scale) for k in self.rewards}).to(self.device)
-        self.intr_mean = RunningMean(t.return_norm_decay).to(self.device)
+        self.intr_mean = RunningMean(e.intr_norm_decay).to(self.device)
         graph = t.cuda_graph
         self.opt_ensemble = _adam(self.ensemble.parameters(), e.lr, e.eps, graph)
         self.opt_explorer = _adam(self.explorer.parameters(), t.actor_lr, t.actor_eps, graph)

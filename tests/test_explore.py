@@ -5,6 +5,7 @@ paper's world model, task actor and task critic."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -127,6 +128,12 @@ def test_running_mean_follows_numpy_and_normalizes():
     assert rm.value.item() == pytest.approx(ref, rel=1e-5)
     x = torch.tensor(rng.gamma(2.0, 1e-4, size=(15, 16)))
     assert rm.normalize(x).mean().item() == pytest.approx(1.0, rel=0.2)
+    batch = RunningMean(0.0)  # decay 0: each batch's own mean
+    for _ in range(3):
+        x = torch.tensor(rng.gamma(2.0, 1e-4, size=(15, 16)))
+        batch.update(x)
+        assert batch.value.item() == pytest.approx(x.mean().item(), rel=1e-6)
+        assert batch.normalize(x).mean().item() == pytest.approx(1.0, rel=1e-6)
 
 
 def _agents(kind: str, explore: dict | None = None):
@@ -164,7 +171,8 @@ def test_explore_losses_leave_the_task_learners_alone(kind, monkeypatch):
     them, and the ensemble, explorer and exploration critics did learn. Box actions: the
     explorer learns through the (frozen) dynamics, the ensemble and the critics."""
     deterministic_sampling(monkeypatch.setattr)
-    plain, explorer, act, space = _agents(kind)
+    decay = 0.0 if kind == "discrete" else 0.9  # the batch's mean (default), a running one
+    plain, explorer, act, space = _agents(kind, {"intr_norm_decay": decay})
     assert isinstance(explorer, ExploreAgent) and type(plain) is Agent
     task = ("world_model", "actor", "critic", "return_norm")
     extra = ("ensemble", "explore_actor", "explore_critics")
@@ -176,10 +184,14 @@ def test_explore_losses_leave_the_task_learners_alone(kind, monkeypatch):
             m = agent.train(batch)
         assert m["train/nonfinite_steps"] == 0 and m["explore/intrinsic_reward_mean"] > 0
         # the explorer's reward is the disagreement over its running mean, which the first
-        # batch sets: exactly 1 on average then
+        # batch sets (exactly 1 on average then), as does every batch with decay 0
         r, d = m["explore/intrinsic_reward_mean"], m["explore/disagreement_mean"]
-        assert r == pytest.approx(d / explorer.intr_mean.value.item() if update else 1.0,
-                                  rel=1e-4), (update, r, d)
+        mean = explorer.intr_mean.value.item()
+        assert r == pytest.approx(d / mean, rel=1e-4), (update, r, d)
+        if update == 0 or decay == 0:
+            assert r == pytest.approx(1.0, rel=1e-4) and mean == pytest.approx(d, rel=1e-4)
+        else:
+            assert mean != pytest.approx(d, rel=1e-3), "a running mean of 0.9 took the batch's"
     mine, theirs = _state({k: explorer.modules()[k] for k in task}), _state(plain.modules())
     assert mine.keys() == theirs.keys()
     for k in mine:
@@ -344,11 +356,12 @@ def test_checkpoint_round_trip_and_refusal():
     (["explore.method=p2e", "explore.intr_scale=0"], "explore.intr_scale must be > 0"),
     (["explore.method=p2e", "explore.members=1"], "explore.members must be >= 2"),
     (["explore.entropy=-1"], "explore.entropy must be >= 0"),
+    (["explore.intr_norm_decay=1"], "explore.intr_norm_decay must be in [0, 1)"),
     (["explore.method=p2e", "model.recipe=nature", "model.size=1m"], "2023 recipe"),
     (["explore.method=p2e", "run.runners=ray"], "run.runners=local"),
 ])
 def test_bad_explore_settings_are_refused(overrides, message):
-    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         make_config(overrides=overrides)
 
 
