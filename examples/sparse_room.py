@@ -7,7 +7,8 @@ gives reward 1 and ends the episode; every other step gives 0, and an episode is
 follows the reward sees none. Each step's info counts the distinct cells this env has
 visited since it was made (`cells_seen`, over all its episodes): the coverage of exploration.
 
-    lucid train examples/sparse_room.py:SparseRoom --preset cpu-control explore.method=p2e
+    lucid train examples/sparse_room.py:SparseRoom --preset cpu-control explore.method=p2e \
+        train.train_ratio=64
 """
 
 from __future__ import annotations
