@@ -231,15 +231,16 @@ fi
 
 # ------------------------------------------------------------------ 4. if time is left
 bench graph "$END" 90 "$SIZES" --obs vector image --precision bf16 --peak-n 0 "${GRAPH[@]}"
-# several seeds as one batched update (lucid.batched, eager bf16: --seeds takes no graph or
-# compile yet): K=8 at the smallest size (target: at most 2x one seed), K=4 at the largest
+# several seeds as one batched update (lucid.batched; bf16, eager and compiled as a whole:
+# --seeds takes no graph yet): K=8 at the smallest size (target: at most 2x one seed), K=4
+# at the largest
 for sk in "${SIZES%% *} 8" "${SIZES##* } 4"; do
   read -r size k <<< "$sk"
   left=$((END - $(date +%s)))
   [ "$left" -lt 60 ] && { log "seeds $size K=$k: skipped, ${left}s left"; continue; }
   log "seeds $size K=$k"
   timeout $((left - 5)) "$PY" benchmarks/seeds.py --device "$DEVICE" --sizes "$size" --k "$k" \
-    --batch "${BATCH}x${LENGTH}" --precision bf16 --threads 16 --repeats 5 \
+    --batch "${BATCH}x${LENGTH}" --precision bf16 --threads 16 --repeats 5 --compile \
     --out "$OUTDIR/gpu_seeds_${size}_k$k.json"
 done
 # the Nature recipe (issue 40's rows, against the authors' JAX in bf16 at B=16, T=64):

@@ -7,10 +7,10 @@ K seeds updated one after another.
 
 Per size: the median ms of one update of one agent, of K agents as one batched update (vmap),
 and of K agents updated in turn (BatchedAgents' other mode, and what K runs in one process
-would cost), with the ratios
-batched / one and sequential / batched; with `--compile` (and `--graph`, CUDA), also K agents
-compiled (and graphed) updated in turn, the mode `--seeds` takes with train.compile=true
-(or train.cuda_graph=true); discrete actions, a 4-dim vector observation. Memory
+would cost), with the ratios batched / one and sequential / batched. With `--compile`, also
+the batched update compiled as a whole (what `--seeds` runs with train.compile=true where it
+batches) and K compiled agents updated in turn; with `--graph` (CUDA), K graphed agents in
+turn (`--seeds` with train.cuda_graph=true). Discrete actions, a 4-dim vector observation. Memory
 per added seed: the parameters and Adam moments of one agent (each seed holds its own), and
 on CUDA the peak memory of the batched update for K against one. Prints a table and writes
 JSON.
@@ -101,10 +101,19 @@ def measure(size: str, k: int, B: int, T: int, device, repeats: int,
     if compile_ or graph:  # each agent's own fast update, in turn (the warm-up compiles)
         fast_cfg = bench_config(size, batch_size=B, batch_length=T, compile=compile_,
                                 cuda_graph=graph, precision=precision)
-        fast = BatchedAgents([agent(s, fast_cfg) for s in range(k)])
+        fast = BatchedAgents([agent(s, fast_cfg) for s in range(k)], vmap=False)
         row["fast"] = "+".join(n for n, on in (("compiled", compile_), ("graph", graph)) if on)
         row["fast_turn_ms"] = _time(lambda: fast.train_step(bk), repeats, device)
         row["fast_turn_over_batched"] = row["fast_turn_ms"] / row["batched_ms"]
+    if compile_:  # the batched update compiled as a whole
+        comp_cfg = bench_config(size, batch_size=B, batch_length=T, compile=True,
+                                cuda_graph=False, precision=precision)
+        comp = BatchedAgents([agent(s, comp_cfg) for s in range(k)], vmap=True)
+        row["compiled_batched_ms"] = _time(lambda: comp.train_step(bk), repeats, device)
+        row["compiled_batched_over_one"] = row["compiled_batched_ms"] / row["one_ms"]
+        if "fast_turn_ms" in row:
+            row["fast_turn_over_compiled_batched"] = (row["fast_turn_ms"]
+                                                     / row["compiled_batched_ms"])
     state = sum(p.numel() for m in one.modules().values() for p in m.state_dict().values())
     trained = sum(sum(p.numel() for p in net.parameters()) for net in
                   (one.wm, one.actor, one.critic.net))
@@ -141,6 +150,9 @@ def main() -> None:
         if "fast" in r:
             print(f"{'':6} {r['fast']} in turn: {r['fast_turn_ms']:.1f} ms "
                   f"({r['fast_turn_over_batched']:.2f}x the batched update's time)")
+        if "compiled_batched_ms" in r:
+            print(f"{'':6} compiled batched: {r['compiled_batched_ms']:.1f} ms "
+                  f"({r['compiled_batched_over_one']:.2f}x one seed's eager update)")
     info = {"device": str(device), "threads": args.threads, "torch": torch.__version__,
             "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -89,28 +89,26 @@ class BatchedAgents:
                 raise ValueError("the agents of one batched update need the same class, "
                                  "spaces, device, model and train settings")
         t = first.config.train
-        fast = t.compile or t.cuda_graph  # each agent's own compiled or graphed update
-        if fast and vmap:
-            raise ValueError("the batched update (vmap) runs without train.compile and "
-                             "train.cuda_graph: set both to false, or update the seeds in "
-                             "turn (vmap=False), each with its own compiled or graphed update")
+        if t.cuda_graph and vmap:
+            raise ValueError("the batched update (vmap) has no CUDA graph yet: set "
+                             "train.cuda_graph=false, or update the seeds in turn "
+                             "(vmap=False), each through its own graphed update")
         self.agents = agents
         self.template = first
         # `vmap`: the batched update, or (False) each agent's own update in turn. Null: the
-        # device's choice. On a GPU one seed's update leaves it mostly idle, so K batched
-        # cost little more than one. On a CPU the cores are busy already; batching still
-        # gains a little at small batches, and loses at large ones, whose batched tensors
-        # outgrow the allocator's cache (docs/scaling.md, benchmarks/seeds.py). Compiled or
-        # graphed agents go in turn, each through its own fast update.
-        if vmap is None:
-            vmap = not fast and (first.device.type == "cuda"
-                                 or t.batch_size * t.batch_length <= 256)
-        self.vmap = vmap
+        # device's choice (`batches_by_default`).
+        self.vmap = batches_by_default(first.device, t) if vmap is None else vmap
+        # train.compile with the batched update: each batched step (the vmap of one of the
+        # agent's steps) is compiled as a whole, not the agent's own pieces.
+        self.compiled = bool(t.compile) and self.vmap
         if self.vmap and isinstance(first, Agent):
             # vmap cannot branch on values read back to the host (the CPU's shortcut of
             # skipping the reset arithmetic at steps where no row starts an episode): the
-            # same maths, unskipped; and it keeps one memory layout.
+            # same maths, unskipped; and it keeps one memory layout. A compiled agent's
+            # `observe` feeds its compiled filter in chunks, code for its own graphs that
+            # the batched step's compile need not trace: all T steps at once instead.
             first.wm.skip_resets = False
+            first.wm.chunk = None
             if getattr(first.wm.encoder, "cnn", None) is not None:
                 first.wm.encoder.cnn.channels_last = False
         # "different": each seed draws its own random numbers; "same": every seed draws the
@@ -129,6 +127,12 @@ class BatchedAgents:
                 stacked.requires_grad_(True)
                 self.trained[name] = own
             self.stacked[name] = stacked
+        if self.compiled:
+            # The steps and the agent's compiled pieces share one code object each across
+            # shapes and grad modes (as Agent.compile).
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                                       64)
+            self._compiled = torch.compile(self._eager, dynamic=False)
         self._groups = {part: [n for n in self.trained if n.startswith(f"parts.{part}.")]
                         for part in ("world_model", "actor", "critic")}
 
@@ -138,33 +142,51 @@ class BatchedAgents:
 
     # ------------------------------------------------------------------ the batched steps
 
-    def _vmap(self, fn, *args, frozen: tuple[str, ...] = ()):
+    def _vmap(self, fn, *args, frozen: tuple[str, ...] = (), detach: bool = False):
         """`fn(*args)` of the template agent, batched over the seeds: the stacked parameters
         stand in for its own, and the args carry a leading seed axis. The parameters of the
-        parts in `frozen` enter without gradient."""
+        parts in `frozen` enter without gradient; with `detach`, the args too. Compiled,
+        each call is one autograd node, whose saved tensors the first backward through any
+        of its outputs frees: a step's args that its loss takes no gradient through are
+        passed detached, and the one node two losses go through (imagination's: the actor's
+        distributions, the critic's logits) is kept by the first backward (`_backward`)."""
         params = {n: s.detach() if any(n.startswith(f"parts.{p}.") for p in frozen) else s
                   for n, s in self.stacked.items()}
+        if detach:
+            args = _detached(args)
+        return self._run(params, fn, *args)
 
+    def _run(self, params: dict, fn, *args):
+        if self.compiled:
+            # the actor's backward keeps imagination's node for the critic's (retain_graph),
+            # which a compiled backward allows only without donated buffers
+            with torch._functorch.config.patch(donated_buffer=False):
+                return self._compiled(params, fn, *args)
+        return self._eager(params, fn, *args)
+
+    def _eager(self, params: dict, fn, *args):
         def call(p, *a):
             return functional_call(self.holder, p, (fn, *a), strict=True)
         return vmap(call, randomness=self.randomness)(params, *args)
 
-    def _backward(self, loss: torch.Tensor) -> None:
+    def _backward(self, loss: torch.Tensor, keep: bool = False) -> None:
         """Backward of the K losses' sum into the stacked parameters. Inside vmap a module's
         parameters report no requires_grad, so `agent.frozen` cannot stop gradients there:
         a frozen part's gradient (the critic's, from the actor's values) is computed and
-        dropped here, before the step that takes its own."""
+        dropped here, before the step that takes its own. `keep`: a later backward goes
+        through the same compiled nodes (`_vmap`)."""
         for s in self.stacked.values():
             s.grad = None
-        loss.sum().backward()
+        loss.sum().backward(retain_graph=keep and self.compiled)
 
     def _steps(self, part: str, loss: torch.Tensor, norm_name: str, metrics: dict,
-               backward: bool = True, reported_loss: torch.Tensor | None = None):
+               backward: bool = True, reported_loss: torch.Tensor | None = None,
+               keep: bool = False):
         """Backward of the K losses' sum, then each agent clips and steps its own gradients
         (Agent._apply: global norm and non-finite skip per seed). Returns ok (K,)."""
         names = self._groups[part]
         if backward:
-            self._backward(loss)
+            self._backward(loss, keep)
         norms, oks = [], []
         reported = loss if reported_loss is None else reported_loss
         for k, agent in enumerate(self.agents):
@@ -206,7 +228,8 @@ class BatchedAgents:
 
         def imagine(out, batch):
             return _fields(tm._imagine(out, batch))
-        im = _imagined(self._vmap(imagine, out, batch, frozen=("world_model",)), tm)
+        im = _imagined(self._vmap(imagine, out, batch, frozen=("world_model",), detach=True),
+                       tm)
         ret, weight, scale = self._vmap(lambda f: tm._returns(_imagined(f, tm)), _fields(im),
                                         frozen=("world_model",))
 
@@ -215,14 +238,15 @@ class BatchedAgents:
         a_loss, m = self._vmap(lambda *a: actor_step(_imagined(a[0], tm), *a[1:]),
                                _fields(im), ret, weight, scale, frozen=("world_model",))
         metrics.update(m)
-        actor_ok = self._steps("actor", a_loss, "actor/grad_norm", metrics)
+        actor_ok = self._steps("actor", a_loss, "actor/grad_norm", metrics, keep=True)
 
         def critic_step(b, o, im, ret, weight):
             m = {}
             loss, r_loss = tm._critic_loss(b, o, _imagined(im, tm), ret, weight, m)
             return loss, r_loss if r_loss is not None else loss.new_zeros(()), m
         frozen = () if joint else ("world_model",)
-        c_loss, r_loss, m = self._vmap(critic_step, batch, out, _fields(im), ret, weight,
+        c_loss, r_loss, m = self._vmap(critic_step, batch, out if joint else _detached(out),
+                                       _fields(im), ret.detach(), weight.detach(),
                                        frozen=frozen)
         metrics.update(m)
         if joint:
@@ -241,7 +265,7 @@ class BatchedAgents:
         metrics["train/nonfinite_steps"] = 3.0 - (wm_ok.float() + actor_ok.float()
                                                   + critic_ok.float())
         metrics.update(self._vmap(lambda f, r, s: tm._imagination_metrics(_imagined(f, tm), r, s),
-                                  _fields(im), ret, scale,
+                                  _fields(im), ret, scale, detach=True,
                                   frozen=("world_model", "actor", "critic")))
         return metrics
 
@@ -265,6 +289,29 @@ class BatchedAgents:
         values = torch.stack([v.detach().float().reshape(self.k) for v in metrics.values()])
         rows = values.t().cpu().tolist()
         return [dict(zip(metrics.keys(), row)) for row in rows]
+
+
+def batches_by_default(device: torch.device, t) -> bool:
+    """Whether K seeds update as one batched computation (else one after another). On a GPU
+    one seed's update leaves it mostly idle, so K batched cost little more than one. On a
+    CPU the cores are busy already; batching still gains a little at small batches, and
+    loses at large ones, whose batched tensors outgrow the allocator's cache
+    (docs/scaling.md, benchmarks/seeds.py). The batched update has no CUDA graph: graphed
+    agents go in turn, each through its own graphed update."""
+    if t.cuda_graph:
+        return False
+    return device.type == "cuda" or t.batch_size * t.batch_length <= 256
+
+
+def _detached(tree):
+    """Tensors, and dicts, lists and tuples of them, without gradient."""
+    if torch.is_tensor(tree):
+        return tree.detach()
+    if isinstance(tree, dict):
+        return {k: _detached(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_detached(v) for v in tree)
+    return tree
 
 
 def _row(batch: dict, k: int) -> dict:

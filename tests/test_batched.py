@@ -12,6 +12,7 @@ kept apart).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -19,7 +20,7 @@ import torch
 
 from determinism import deterministic_sampling
 from lucid.agent import Agent
-from lucid.batched import BatchedAgents, stack_batches
+from lucid.batched import BatchedAgents, batches_by_default, stack_batches
 from lucid.config import make_config
 from lucid.specs import ActionSpec
 from test_update_unchanged import ACTIONS, CASES, IMG, VEC, _batch
@@ -150,9 +151,28 @@ def test_agents_that_differ_are_refused():
         BatchedAgents([a, b])
 
 
-def test_compiled_agents_go_in_turn_and_are_refused_to_vmap():
-    agents = [_agent(k, "discrete", {"compile": True}, image=False) for k in range(2)]
-    assert BatchedAgents(agents).vmap is False  # the device's choice: each its own update
+def test_the_compiled_batched_update_equals_separate_updates(monkeypatch):
+    """train.compile with the batched update (vmap): each batched step compiled as a whole
+    gives each seed the metrics and parameters
+    of the same agent updated alone and eager, at the tolerance above. Box actions through
+    the dynamics with the replay value loss: the actor's and the critic's backward passes
+    both go through imagination's compiled node, the critic's replay loss takes the
+    posterior states detached from the world model's."""
+    singles, _, batches = _pair("box-replay-value", monkeypatch)
+    kind, train = CASES["box-replay-value"]
+    agents = [_agent(k, kind, {**train, "compile": True}, image=False) for k in range(K)]
+    batched = BatchedAgents(agents, vmap=True)
+    assert batched.compiled
+    _equals_separate(singles, batched, batches)
+
+
+def test_graphed_agents_go_in_turn_and_are_refused_to_vmap():
+    t = make_config(train={"cuda_graph": True, "batch_size": 2, "batch_length": 8}).train
+    assert not batches_by_default(torch.device("cuda"), t)  # each its own graphed update
+    assert batches_by_default(torch.device("cuda"), dataclasses.replace(t, cuda_graph=False))
+    agents = [_agent(k, "discrete", {}, image=False) for k in range(2)]
+    for a in agents:
+        a.config = dataclasses.replace(a.config, train=t)
     with pytest.raises(ValueError, match="in turn"):
         BatchedAgents(agents, vmap=True)
 

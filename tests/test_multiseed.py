@@ -129,10 +129,11 @@ def test_the_nature_recipes_seeds_train_with_their_replay_context_and_resume(tmp
     assert all(again[s]["updates"] > u for s, u in zip(("0", "1"), updates))
 
 
-def test_compiled_seeds_update_in_turn_each_compiled(tmp_path):
-    """train.compile=true with --seeds: the batched update takes no compiled steps, so the
-    seeds update in turn, each through its own compiled update (that one equals the eager
-    one: tests/test_compile.py). Within the prefill, so nothing is compiled here."""
+def test_compiled_seeds_batch_in_one_compiled_update(tmp_path):
+    """train.compile=true with --seeds at the CPU preset's batches: the batched update,
+    compiled as a whole (it equals separate eager updates: tests/test_batched.py), and the
+    seeds' config.yaml keeps train.compile. Within the prefill, so nothing is compiled
+    here."""
     from lucid.config import make_config
     from lucid.multiseed import SeedsTrainer
     cfg = make_config("cpu-control", env={"id": "CartPole-v1"}, model={"size": "nano"},
@@ -141,7 +142,7 @@ def test_compiled_seeds_update_in_turn_each_compiled(tmp_path):
                            "videos": False})
     tr = SeedsTrainer.start(cfg, [0, 1], tmp_path / "c")
     try:
-        assert tr.batched.vmap is False
+        assert tr.batched.vmap and tr.batched.compiled
         assert all(t.agent.config.train.compile for t in tr.trainers)
         tr.run()
     finally:
