@@ -15,7 +15,7 @@ from torch import nn
 
 from .ops.onehot import OneHotCat, linear_in, one_hot
 from .ops.padded import padded_linear
-from .ops.twohot import twohot_nll, twohot_nll_plain
+from .ops.twohot import twohot_nll
 
 LN_EPS = 1e-3  # LayerNorm epsilon of the authors' code
 
@@ -145,11 +145,6 @@ class TwoHot:
         below = torch.stack([b for b, _ in located])
         w_above = torch.stack([w for _, w in located])
         logits = fp32(logits)
-        if torch.compiler.is_compiling():
-            # a compiled graph fuses the plain form's passes itself; and the speed path's
-            # generated vmap rule gives wrong gradients when compiled under vmap (several
-            # seeds: tests/test_batched.py)
-            return list(twohot_nll_plain(logits, below, w_above).unbind(0))
         with torch.no_grad():
             probs = self.probs(logits) if probs is None else probs.detach()
             # log-sum-exp from the largest probability (>= 1/bins, so its log is exact to

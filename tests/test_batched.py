@@ -153,11 +153,11 @@ def test_agents_that_differ_are_refused():
 
 def test_the_compiled_batched_update_equals_separate_updates(monkeypatch):
     """train.compile with the batched update (vmap): each batched step compiled as a whole
-    gives each seed the metrics and parameters
-    of the same agent updated alone and eager, at the tolerance above. Box actions through
-    the dynamics with the replay value loss: the actor's and the critic's backward passes
-    both go through imagination's compiled node, the critic's replay loss takes the
-    posterior states detached from the world model's."""
+    gives each seed the metrics and parameters of the same agent updated alone and eager,
+    at the tolerance above. Box actions through the dynamics with the replay value loss:
+    the actor's and the critic's backward passes both go through imagination's compiled
+    node, the critic's replay loss takes the posterior states detached from the world
+    model's."""
     singles, _, batches = _pair("box-replay-value", monkeypatch)
     kind, train = CASES["box-replay-value"]
     agents = [_agent(k, kind, {**train, "compile": True}, image=False) for k in range(K)]

@@ -11,7 +11,12 @@ def twohot_nll(logits: torch.Tensor, probs: torch.Tensor, lse: torch.Tensor,
                below: torch.Tensor, w_above: torch.Tensor) -> torch.Tensor:
     """-(1 - w) log p[below] - w log p[below + 1] for n targets (n, ...) of the same logits
     (..., bins): `below` the bin under each target, `w_above` the weight of the one above,
-    `probs` softmax(logits) and `lse` logsumexp(logits) (..., 1), both without gradient."""
+    `probs` softmax(logits) and `lse` logsumexp(logits) (..., 1), both without gradient.
+    Compiled, the plain form: a graph fuses its passes itself, and `TwoHotNLL`'s generated
+    vmap rule gives wrong gradients when compiled under vmap (several seeds:
+    tests/test_batched.py)."""
+    if torch.compiler.is_compiling():
+        return twohot_nll_plain(logits, below, w_above)
     return TwoHotNLL.apply(logits, probs, lse, below, w_above)
 
 
