@@ -75,13 +75,14 @@ fi
 
 # ------------------------------------------------------------------ 1. tests on the device
 log "tests: tests/test_cuda_graph.py on $DEVICE"
-# Two processes, about as long as each other: the compiled bf16 test (mostly compiling on the
-# CPU cores) beside all the others.
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_graph.py -k compiled_bf16 \
+# Two processes, about as long as each other: the compiled bf16 test and the compiled batched
+# seeds' (mostly compiling on the CPU cores) beside all the others.
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_graph.py \
+  -k "compiled_bf16 or compiled_seeds" \
   --junitxml="$WORK/gpu_tests_1.xml" > "$WORK/gpu_tests_1.log" 2>&1 &
 TESTS_1=$!
 timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_graph.py \
-  -k "not compiled_bf16" --junitxml="$WORK/gpu_tests_2.xml" > "$WORK/gpu_tests_2.log" 2>&1
+  -k "not compiled_bf16 and not compiled_seeds" --junitxml="$WORK/gpu_tests_2.xml" > "$WORK/gpu_tests_2.log" 2>&1
 wait "$TESTS_1"  # (a bare wait would wait for the log's tee too)
 tail -n 25 "$WORK/gpu_tests_2.log" "$WORK/gpu_tests_1.log"
 # The learning run is compiled and graphed in bf16 if that test passed on the GPU, else
@@ -231,16 +232,16 @@ fi
 
 # ------------------------------------------------------------------ 4. if time is left
 bench graph "$END" 90 "$SIZES" --obs vector image --precision bf16 --peak-n 0 "${GRAPH[@]}"
-# several seeds as one batched update (lucid.batched; bf16, eager and compiled as a whole:
-# --seeds takes no graph yet): K=8 at the smallest size (target: at most 2x one seed), K=4
-# at the largest
+# several seeds as one batched update (lucid.batched; bf16: eager, compiled as a whole, and
+# compiled and captured as one graph, against one seed compiled and graphed): K=8 at the
+# smallest size (target: at most 2x one seed), K=4 at the largest
 for sk in "${SIZES%% *} 8" "${SIZES##* } 4"; do
   read -r size k <<< "$sk"
   left=$((END - $(date +%s)))
   [ "$left" -lt 60 ] && { log "seeds $size K=$k: skipped, ${left}s left"; continue; }
   log "seeds $size K=$k"
   timeout $((left - 5)) "$PY" benchmarks/seeds.py --device "$DEVICE" --sizes "$size" --k "$k" \
-    --batch "${BATCH}x${LENGTH}" --precision bf16 --threads 16 --repeats 5 --compile \
+    --batch "${BATCH}x${LENGTH}" --precision bf16 --threads 16 --repeats 5 --compile --graph \
     --out "$OUTDIR/gpu_seeds_${size}_k$k.json"
 done
 # the Nature recipe (issue 40's rows, against the authors' JAX in bf16 at B=16, T=64):

@@ -10,7 +10,8 @@ and of K agents updated in turn (BatchedAgents' other mode, and what K runs in o
 would cost), with the ratios batched / one and sequential / batched. With `--compile`, also
 the batched update compiled as a whole (what `--seeds` runs with train.compile=true where it
 batches) and K compiled agents updated in turn; with `--graph` (CUDA), K graphed agents in
-turn (`--seeds` with train.cuda_graph=true). Discrete actions, a 4-dim vector observation. Memory
+turn and the batched update captured as one graph (`--seeds` with train.cuda_graph=true; with
+`--compile` too, compiled and graphed), against one seed's update in the same fast form. Discrete actions, a 4-dim vector observation. Memory
 per added seed: the parameters and Adam moments of one agent (each seed holds its own), and
 on CUDA the peak memory of the batched update for K against one. Prints a table and writes
 JSON.
@@ -105,6 +106,16 @@ def measure(size: str, k: int, B: int, T: int, device, repeats: int,
         row["fast"] = "+".join(n for n, on in (("compiled", compile_), ("graph", graph)) if on)
         row["fast_turn_ms"] = _time(lambda: fast.train_step(bk), repeats, device)
         row["fast_turn_over_batched"] = row["fast_turn_ms"] / row["batched_ms"]
+        one_fast = agent(0, fast_cfg)
+        row["one_fast_ms"] = _time(lambda: one_fast.train_step(b1), repeats, device)
+    if graph:  # the batched update captured as one graph (compiled too with --compile)
+        graph_cfg = bench_config(size, batch_size=B, batch_length=T, compile=compile_,
+                                 cuda_graph=True, precision=precision)
+        graphed = BatchedAgents([agent(s, graph_cfg) for s in range(k)], vmap=True)
+        row["graphed_batched_ms"] = _time(lambda: graphed.train_step(bk), repeats, device)
+        row["graphed_batched_over_one_fast"] = row["graphed_batched_ms"] / row["one_fast_ms"]
+        row["fast_turn_over_graphed_batched"] = (row["fast_turn_ms"]
+                                                 / row["graphed_batched_ms"])
     if compile_:  # the batched update compiled as a whole
         comp_cfg = bench_config(size, batch_size=B, batch_length=T, compile=True,
                                 cuda_graph=False, precision=precision)
@@ -133,7 +144,8 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true",
                     help="also K compiled agents in turn (--seeds with train.compile=true)")
     ap.add_argument("--graph", action="store_true",
-                    help="also K graphed agents in turn (CUDA; --seeds with train.cuda_graph)")
+                    help="also K graphed agents in turn and the batched update as one graph "
+                         "(CUDA; --seeds with train.cuda_graph=true)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "seeds.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -149,7 +161,11 @@ def main() -> None:
               f"{r['sequential_over_batched']:15.2f} {r['state_mib_per_seed']:8.2f}")
         if "fast" in r:
             print(f"{'':6} {r['fast']} in turn: {r['fast_turn_ms']:.1f} ms "
-                  f"({r['fast_turn_over_batched']:.2f}x the batched update's time)")
+                  f"({r['fast_turn_over_batched']:.2f}x the batched update's time); "
+                  f"one seed {r['fast']}: {r['one_fast_ms']:.1f} ms")
+        if "graphed_batched_ms" in r:
+            print(f"{'':6} {r['fast']} batched: {r['graphed_batched_ms']:.1f} ms "
+                  f"({r['graphed_batched_over_one_fast']:.2f}x one seed's {r['fast']} update)")
         if "compiled_batched_ms" in r:
             print(f"{'':6} compiled batched: {r['compiled_batched_ms']:.1f} ms "
                   f"({r['compiled_batched_over_one']:.2f}x one seed's eager update)")

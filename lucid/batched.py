@@ -16,6 +16,9 @@ An agent whose update is one loss and one optimizer (the Nature recipe's: `loss(
 `apply(loss, latents)` after the backward pass) is batched the same way: its `loss` under vmap,
 one backward pass of the K losses' sum, then each agent's own `apply`.
 
+The batched update reads nothing back to the host, so under train.cuda_graph it is captured
+whole as one CUDA graph (lucid.graph), as one agent's is.
+
 Why vmap, not layers written with a seed axis: it batches lucid's networks and any custom
 network of `model.agent` without a second implementation of each; the steps' maths is the
 single-seed code (tests/test_batched.py compares the two update by update).
@@ -31,6 +34,7 @@ from torch.func import functional_call, vmap
 
 from .agent import Agent, Imagined
 from .behavior import actor_loss
+from .graph import graphed_or_eager
 from .ops.onehot import OneHotCat
 
 
@@ -89,12 +93,11 @@ class BatchedAgents:
                 raise ValueError("the agents of one batched update need the same class, "
                                  "spaces, device, model and train settings")
         t = first.config.train
-        if t.cuda_graph and vmap:
-            raise ValueError("the batched update (vmap) has no CUDA graph yet: set "
-                             "train.cuda_graph=false, or update the seeds in turn "
-                             "(vmap=False), each through its own graphed update")
         self.agents = agents
         self.template = first
+        # what lucid.graph needs of an agent: under train.cuda_graph the batched update is
+        # captured whole at its first call (`train_step`)
+        self.config, self.device, self._graph = first.config, first.device, None
         # `vmap`: the batched update, or (False) each agent's own update in turn. Null: the
         # device's choice (`batches_by_default`).
         self.vmap = batches_by_default(first.device, t) if vmap is None else vmap
@@ -209,12 +212,28 @@ class BatchedAgents:
             params.append(p)
         return params
 
+    def modules(self) -> dict[str, nn.Module]:
+        return {f"{k}/{name}": m for k, a in enumerate(self.agents)
+                for name, m in a.modules().items()}
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {f"{k}/{name}": o for k, a in enumerate(self.agents)
+                for name, o in a.optimizers().items()}
+
     def train_step(self, batch: dict) -> dict[str, torch.Tensor]:
         """One update of the K agents on a batch with a leading seed axis (`stack_batches`);
-        metrics as (K,) tensors."""
+        metrics as (K,) tensors. Under train.cuda_graph the batched update is captured once
+        and replayed (or, in turn, each agent's own graph)."""
         if not self.vmap:
             rows = [a.train_step(_row(batch, k)) for k, a in enumerate(self.agents)]
             return {name: torch.stack([r[name] for r in rows]) for name in rows[0]}
+        metrics = graphed_or_eager(self, batch)
+        for agent in self.agents:
+            agent.updates += 1
+        return metrics
+
+    def _update(self, batch: dict) -> dict[str, torch.Tensor]:
+        """The batched update (what a graph captures): reads nothing back to the host."""
         if not isinstance(self.template, Agent):
             return self._one_loss_step(batch)
         tm, t = self.template, self.template.config.train
@@ -261,7 +280,6 @@ class BatchedAgents:
             critic_ok = self._steps("critic", c_loss, "critic/grad_norm", metrics)
         for k, agent in enumerate(self.agents):
             agent.critic.update_slow(t.slow_critic_fraction * critic_ok[k].float())
-            agent.updates += 1
         metrics["train/nonfinite_steps"] = 3.0 - (wm_ok.float() + actor_ok.float()
                                                   + critic_ok.float())
         metrics.update(self._vmap(lambda f, r, s: tm._imagination_metrics(_imagined(f, tm), r, s),
@@ -277,7 +295,6 @@ class BatchedAgents:
         for k, agent in enumerate(self.agents):
             self._seed_grads(k, list(self.trained))
             steps.append(agent.apply(loss[k].detach(), tuple(x[k] for x in latents)))
-            agent.updates += 1
         for s in self.stacked.values():
             s.grad = None
         metrics.update({name: torch.stack([st[name] for st in steps]) for name in steps[0]})
@@ -296,10 +313,8 @@ def batches_by_default(device: torch.device, t) -> bool:
     one seed's update leaves it mostly idle, so K batched cost little more than one. On a
     CPU the cores are busy already; batching still gains a little at small batches, and
     loses at large ones, whose batched tensors outgrow the allocator's cache
-    (docs/scaling.md, benchmarks/seeds.py). The batched update has no CUDA graph: graphed
-    agents go in turn, each through its own graphed update."""
-    if t.cuda_graph:
-        return False
+    (docs/scaling.md, benchmarks/seeds.py). Under train.cuda_graph the choice is the same:
+    the batched update is captured as one graph, or each agent's own in turn."""
     return device.type == "cuda" or t.batch_size * t.batch_length <= 256
 
 

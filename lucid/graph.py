@@ -1,7 +1,8 @@
 """`train.cuda_graph`: an agent's whole update captured once as one CUDA graph and replayed per
 batch (`GraphedUpdate`), for any agent whose update reads nothing back to the host: the 2023
-agent's (`Agent`) and the Nature recipe's (`NatureAgent`). The agent gives `_update(batch)`
-(one update, its metrics as tensors), `modules()` and `optimizers()`."""
+agent's (`Agent`), the Nature recipe's (`NatureAgent`) and K seeds' batched update
+(`BatchedAgents`). The agent gives `_update(batch)` (one update, its metrics as tensors of
+one shape), `modules()`, `optimizers()`, `device`, `config` and `_graph`."""
 
 from __future__ import annotations
 
@@ -89,7 +90,9 @@ class GraphedUpdate:
             with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 metrics = agent._update(self.batch)
                 self.keys = list(metrics)
-                self.values = torch.stack([v.detach().float().reshape(())
+                # one shape for all: 0-d for one agent, (K,) for K seeds batched
+                shape = next(iter(metrics.values())).shape
+                self.values = torch.stack([v.detach().float().reshape(shape)
                                            for v in metrics.values()])
         except RuntimeError as exc:  # e.g. a custom network's .item(): name the way out
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

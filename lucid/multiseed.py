@@ -27,10 +27,9 @@ from .train import Trainer
 
 def _for_seeds(cfg: Config) -> Config:
     """The config each seed runs: the graph and compile off where the device would choose
-    them (the batched update has no graph, and its compiled form awaits a GPU measurement).
-    Set, train.compile compiles the batched update as a whole (or each seed's, where the
-    seeds update in turn); train.cuda_graph updates the seeds in turn, each graphed
-    (lucid.batched)."""
+    them (the batched update's compiled and graphed forms await a GPU measurement). Set,
+    train.compile compiles the batched update as a whole and train.cuda_graph captures it as
+    one graph (or each seed's own, where the seeds update in turn: lucid.batched)."""
     t, r = cfg.train, cfg.run
     if cfg.explore.method != "none":
         raise ConfigError(f"--seeds batches the paper's agent; explore.method="

@@ -166,15 +166,16 @@ def test_the_compiled_batched_update_equals_separate_updates(monkeypatch):
     _equals_separate(singles, batched, batches)
 
 
-def test_graphed_agents_go_in_turn_and_are_refused_to_vmap():
+def test_the_graph_leaves_batching_to_the_device():
+    """Under train.cuda_graph the seeds batch where they would without it: the batched update
+    is captured as one graph (tests/test_cuda_graph.py), or each agent's own in turn."""
     t = make_config(train={"cuda_graph": True, "batch_size": 2, "batch_length": 8}).train
-    assert not batches_by_default(torch.device("cuda"), t)  # each its own graphed update
-    assert batches_by_default(torch.device("cuda"), dataclasses.replace(t, cuda_graph=False))
-    agents = [_agent(k, "discrete", {}, image=False) for k in range(2)]
-    for a in agents:
-        a.config = dataclasses.replace(a.config, train=t)
-    with pytest.raises(ValueError, match="in turn"):
-        BatchedAgents(agents, vmap=True)
+    for graph in (True, False):
+        g = dataclasses.replace(t, cuda_graph=graph)
+        assert batches_by_default(torch.device("cuda"), g)
+        assert batches_by_default(torch.device("cpu"), g)
+        assert not batches_by_default(torch.device("cpu"), dataclasses.replace(
+            g, batch_size=16, batch_length=64))
 
 
 def test_agents_updated_in_turn_equal_separate_updates(monkeypatch):

@@ -299,3 +299,81 @@ def test_checkpoints_keep_the_gpus_random_state():
     torch.randn(7, device="cuda")
     set_rng_state(saved)
     assert torch.equal(torch.randn(5, device="cuda"), first)
+
+
+# ---------------------------------------------------------------- K seeds' batched update
+
+def _seeds(make, k: int = 2, **train):
+    """K agents of `make` (`_agent` or `_nature`), seeds 0..K-1, as one batched update
+    (vmap), and a stacked batch whose seeds differ in their rewards."""
+    from lucid.batched import BatchedAgents, stack_batches
+    pairs = [make(seed=s, **train) for s in range(k)]
+    batches = [{**b, "reward": b["reward"] + s} for s, (_, b) in enumerate(pairs)]
+    return BatchedAgents([a for a, _ in pairs], vmap=True), stack_batches(batches)
+
+
+@pytest.mark.parametrize("recipe", ["2023", "nature"])
+def test_the_batched_update_of_seeds_reads_nothing_back_to_the_host(recipe):
+    """What lets K seeds' batched update (lucid.batched) be captured as one graph: the vmapped
+    steps and each seed's own clipping, skip and optimizer step stay on the device."""
+    batched, batch = _seeds(_nature if recipe == "nature" else _agent)
+    batched.train_step(batch)
+    batch["reward"][1, 0, 2] = float("nan")  # seed 1's steps are skipped, on the device
+    with HostReads() as probe:
+        metrics = batched.train_step(batch)
+    assert not probe.seen, "host reads in the batched update:\n" + "\n".join(
+        f"{k}:\n{v}" for k, v in probe.seen.items())
+    assert metrics["train/nonfinite_steps"].tolist() == [0.0, 1.0]
+    assert [a.updates for a in batched.agents] == [2, 2]
+
+
+@pytest.mark.parametrize("recipe", ["2023", "nature"])
+def test_restore_undoes_warmup_updates_of_batched_seeds_exactly(monkeypatch, recipe):
+    """A capture's warm-up of the batched update, undone: every seed's parameters (rows of the
+    stacked tensors) and optimizer state are back in place, and the next update is the one
+    it would have been."""
+    deterministic_sampling(monkeypatch.setattr)
+    make = _nature if recipe == "nature" else _agent
+    warmed, batch = _seeds(make)
+    plain, _ = _seeds(make)
+    warmed.train_step(batch)
+    plain.train_step(batch)
+    saved = snapshot(warmed)
+    tensors = _state(warmed)
+    for _ in range(3):
+        warmed._update(batch)
+    restore(warmed, saved)
+    assert [t.data_ptr() for t in _state(warmed)][:len(tensors)] == \
+        [t.data_ptr() for t in tensors]
+    assert warmed.train(batch) == plain.train(batch)
+    for a, b in zip(_state(warmed), _state(plain)):
+        assert torch.equal(a, b)
+
+
+@cuda
+@pytest.mark.parametrize("recipe,train", [
+    pytest.param("2023", {}, id="2023"),
+    pytest.param("2023", {"compile": True}, id="compiled_seeds"),
+    pytest.param("nature", {}, id="nature"),
+])
+def test_graphed_batched_seeds_equal_the_eager_batched_update(monkeypatch, recipe, train):
+    """K seeds' batched update captured as one graph (train.cuda_graph with vmap) gives each
+    seed the eager batched update's metrics and state, over four updates, at the tolerances
+    of one agent's graph (`test_graphed_updates_equal_eager_updates`); compiled, at the
+    compiled ones'."""
+    deterministic_sampling(monkeypatch.setattr)
+    torch.backends.cudnn.allow_tf32 = False
+    make = _nature if recipe == "nature" else _agent
+    eager, batch = _seeds(make, 3, device="cuda", cuda_graph=False)
+    graphed, _ = _seeds(make, 3, device="cuda", cuda_graph=True, **train)
+    assert graphed.vmap
+    fp32 = not train.get("compile")
+    tol = {"rel": 1e-3, "abs": 1e-5} if fp32 else {"rel": 3e-2, "abs": 1e-2}
+    for i, b in enumerate(_new_rewards(batch)):
+        for k, (m_e, m_g) in enumerate(zip(eager.train(b), graphed.train(b))):
+            for name in m_e:
+                assert m_g[name] == pytest.approx(m_e[name], **tol), (i, k, name)
+    assert graphed._graph is not None
+    assert [a.updates for a in graphed.agents] == [a.updates for a in eager.agents] == [4] * 3
+    for a, b in zip(_state(eager), _state(graphed)):
+        torch.testing.assert_close(a, b, rtol=1e-3 if fp32 else 1e-2, atol=1e-3)
