@@ -8,7 +8,7 @@ follows the reward sees none. Each step's info counts the distinct cells this en
 visited since it was made (`cells_seen`, over all its episodes): the coverage of exploration.
 
     lucid train examples/sparse_room.py:SparseRoom --preset cpu-control explore.method=p2e \
-        train.train_ratio=64
+        explore.reward_free_steps=20000 run.steps=20000 train.train_ratio=64
 """
 
 from __future__ import annotations

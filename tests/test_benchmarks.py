@@ -82,3 +82,24 @@ def test_train_step_times_each_configuration(tmp_path):
         assert r["flops_per_update"] > 0 and r["peak_mem_mb"] > 0 and r["horizon"] == 3
     assert rows[1]["flops_per_update"] > rows[0]["flops_per_update"]  # + the image CNNs
     assert res["matmul_peak"]["gflops_median"] > 0 and res["matmul_peak"]["n"] == 64
+
+
+def test_explore_counts_coverage_and_its_plot_draws_it(tmp_path):
+    """benchmarks/explore.py (random actions: no agent to train) writes coverage that only
+    grows and fits the room; explore_plot.py draws those results."""
+    out, png = tmp_path / "random.json", tmp_path / "exploration.png"
+    run = run_grouped(
+        [sys.executable, str(ROOT / "benchmarks" / "explore.py"), "--methods", "random",
+         "--seeds", "0,1", "--steps", "6000", "--size", "7", "--max-steps", "20",
+         "--out", str(out)], timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["seed"] for r in rows] == [0, 1]
+    for r in rows:
+        cells = [c for _, c in sorted((int(k), v) for k, v in r["cells_at"].items())]
+        assert cells == sorted(cells) and len(cells) == 3  # at 0, 2,500 and 5,000 steps
+        assert cells[-1] <= r["cells"] <= 49
+    run = run_grouped([sys.executable, str(ROOT / "benchmarks" / "explore_plot.py"), str(out),
+                       "--out", str(png)], timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
