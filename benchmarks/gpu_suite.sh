@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Issue 7's GPU checks (and issue 3's paper-CartPole run) in one go on one H200, in under
 # 10 minutes including compilation, the issue's targets first:
-#   1. tests: tests/test_cuda_graph.py on CUDA, in two processes side by side (graphed
+#   1. tests: tests/test_cuda_graph.py on CUDA, in three processes side by side (graphed
 #      updates equal eager ones, fp32 and bf16, eager and compiled; graphed compiled bf16
 #      ones, CUDA's default, equal the same compiled ones; a non-finite batch is skipped
-#      inside the graph) and the prefetcher on CUDA (same batches as plain sampling; the
-#      learner's wait per batch)
+#      inside the graph; K seeds' batched update graphed equals it eager) and the
+#      prefetcher on CUDA (same batches as plain sampling; the learner's wait per batch)
 #   2. train_step: benchmarks/train_step.py on cuda, B=16 T=64, bf16, discrete actions, sizes
 #      XL then S, vector and 64x64x3 image inputs, dense one-hot layers, compiled and
 #      captured as one CUDA graph (CUDA's default): FLOPs, TFLOP/s against the bf16 matmul
@@ -75,16 +75,18 @@ fi
 
 # ------------------------------------------------------------------ 1. tests on the device
 log "tests: tests/test_cuda_graph.py on $DEVICE"
-# Two processes, about as long as each other: the compiled bf16 test and the compiled batched
-# seeds' (mostly compiling on the CPU cores) beside all the others.
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_graph.py \
-  -k "compiled_bf16 or compiled_seeds" \
+# Three processes side by side: the compiled bf16 test and the compiled batched seeds' (each
+# mostly compiling on the CPU cores), and all the others.
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_graph.py -k compiled_bf16 \
   --junitxml="$WORK/gpu_tests_1.xml" > "$WORK/gpu_tests_1.log" 2>&1 &
 TESTS_1=$!
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_graph.py -k compiled_seeds \
+  --junitxml="$WORK/gpu_tests_3.xml" > "$WORK/gpu_tests_3.log" 2>&1 &
+TESTS_3=$!
 timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_graph.py \
   -k "not compiled_bf16 and not compiled_seeds" --junitxml="$WORK/gpu_tests_2.xml" > "$WORK/gpu_tests_2.log" 2>&1
-wait "$TESTS_1"  # (a bare wait would wait for the log's tee too)
-tail -n 25 "$WORK/gpu_tests_2.log" "$WORK/gpu_tests_1.log"
+wait "$TESTS_1" "$TESTS_3"  # (a bare wait would wait for the log's tee too)
+tail -n 25 "$WORK/gpu_tests_2.log" "$WORK/gpu_tests_1.log" "$WORK/gpu_tests_3.log"
 # The learning run is compiled and graphed in bf16 if that test passed on the GPU, else
 # graphed if the dense-layer graph tests passed (fp32).
 passed() {  # the tests whose names match a pattern all ran here and passed

@@ -154,6 +154,7 @@ class Agent:
         self.updates = 0
         self._checked: set = set()  # optimizers whose parameters _step has compared
         self._graph: GraphedUpdate | None = None  # train.cuda_graph: captured at first update
+        self.loads = 0  # load_state_dict calls (a graph captured before one is stale)
         # Data-parallel learners (lucid.distributed): `grad_sync(params, loss)` averages the
         # gradients and the loss over ranks between backward and clipping; `gather(x)` joins
         # a tensor over ranks (the return percentiles see the global batch). None = one process.
@@ -562,6 +563,7 @@ class Agent:
                 group.update({key: v for key, v in o.defaults.items() if key in group})
         self.updates = int(state.get("updates", 0))
         self._graph = None  # optimizer state tensors were replaced: capture again
+        self.loads += 1
 
     def num_params(self) -> dict[str, int]:
         count = lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad)  # noqa: E731

@@ -98,6 +98,7 @@ class BatchedAgents:
         # what lucid.graph needs of an agent: under train.cuda_graph the batched update is
         # captured whole at its first call (`train_step`)
         self.config, self.device, self._graph = first.config, first.device, None
+        self._loads = _loads(agents)  # a seed loaded since the capture: capture again
         # `vmap`: the batched update, or (False) each agent's own update in turn. Null: the
         # device's choice (`batches_by_default`).
         self.vmap = batches_by_default(first.device, t) if vmap is None else vmap
@@ -227,6 +228,9 @@ class BatchedAgents:
         if not self.vmap:
             rows = [a.train_step(_row(batch, k)) for k, a in enumerate(self.agents)]
             return {name: torch.stack([r[name] for r in rows]) for name in rows[0]}
+        loads = _loads(self.agents)
+        if loads != self._loads:  # an agent's optimizer state was replaced by a load
+            self._graph, self._loads = None, loads
         metrics = graphed_or_eager(self, batch)
         for agent in self.agents:
             agent.updates += 1
@@ -333,3 +337,8 @@ def _row(batch: dict, k: int) -> dict:
     """Seed k's batch of a stacked one."""
     return {n: _row(v, k) if isinstance(v, dict) else v[k] for n, v in batch.items()}
 
+
+
+def _loads(agents: list) -> list[int]:
+    """Each agent's count of `load_state_dict` calls (0 for a class that keeps none)."""
+    return [getattr(a, "loads", 0) for a in agents]

@@ -106,6 +106,7 @@ class NatureAgent:
         self.context = config.train.replay_context  # steps before each window: 0 or 1
         self._latents: tuple[torch.Tensor, torch.Tensor] | None = None  # of the last update
         self._graph: GraphedUpdate | None = None  # train.cuda_graph: captured at first update
+        self.loads = 0  # load_state_dict calls (a graph captured before one is stale)
         if config.train.compile:
             self.compile()
 
@@ -515,5 +516,6 @@ class NatureAgent:
         self.opt.load_state_dict(state["optimizers"]["all"])
         self.updates = int(state.get("updates", 0))
         self._graph = None  # optimizer state tensors were replaced: capture again
+        self.loads += 1
 
 
