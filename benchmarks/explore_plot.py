@@ -49,11 +49,11 @@ def plot(runs: list[dict], out: str, title: str) -> Path:
     fig, (cov, ev) = plt.subplots(1, 2, figsize=(11, 4))
     labelled: set[str] = set()
     end = max(r["steps"] for r in runs)
-    for f in sorted({min(r["reward_free"], end) for r in runs if r["reward_free"] > 0}):
+    free = sorted({min(r["reward_free"], end) for r in runs if r["reward_free"] > 0})
+    for i, f in enumerate(free):
         for ax in (cov, ev):
             ax.axvspan(0, f, color="tab:blue", alpha=0.06, lw=0,
-                       label=None if ax is ev or "free" in labelled else "reward-free phase")
-        labelled.add("free")
+                       label="reward-free phase" if ax is cov and i == 0 else None)
     for r in runs:
         m, c = r["method"], COLOURS.get(r["method"], "black")
         label = None if m in labelled else NAMES.get(m, m)

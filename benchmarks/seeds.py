@@ -11,10 +11,10 @@ would cost), with the ratios batched / one and sequential / batched. With `--com
 the batched update compiled as a whole (what `--seeds` runs with train.compile=true where it
 batches) and K compiled agents updated in turn; with `--graph` (CUDA), K graphed agents in
 turn and the batched update captured as one graph (`--seeds` with train.cuda_graph=true; with
-`--compile` too, compiled and graphed), against one seed's update in the same fast form. Discrete actions, a 4-dim vector observation. Memory
-per added seed: the parameters and Adam moments of one agent (each seed holds its own), and
-on CUDA the peak memory of the batched update for K against one. Prints a table and writes
-JSON.
+`--compile` too, compiled and graphed), against one seed's update in the same fast form.
+Discrete actions, a 4-dim vector observation. Memory per added seed: the parameters and Adam
+moments of one agent (each seed holds its own), and on CUDA the peak memory of the batched
+update for K against one. Prints a table and writes JSON.
 """
 
 from __future__ import annotations

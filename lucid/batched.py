@@ -338,7 +338,6 @@ def _row(batch: dict, k: int) -> dict:
     return {n: _row(v, k) if isinstance(v, dict) else v[k] for n, v in batch.items()}
 
 
-
 def _loads(agents: list) -> list[int]:
     """Each agent's count of `load_state_dict` calls (0 for a class that keeps none)."""
     return [getattr(a, "loads", 0) for a in agents]

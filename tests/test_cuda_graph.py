@@ -112,11 +112,15 @@ def _state(agent):
     return tensors
 
 
+@pytest.mark.parametrize("seeds", [False, True])  # one agent; K seeds' batched update
 @pytest.mark.parametrize("recipe", ["2023", "nature"])
 @pytest.mark.parametrize("before", [0, 1])  # a fresh agent; one with optimizer state
-def test_restore_undoes_warmup_updates_exactly(monkeypatch, before, recipe):
+def test_restore_undoes_warmup_updates_exactly(monkeypatch, before, recipe, seeds):
+    """A capture's warm-up undone: the parameters (for seeds, rows of the stacked tensors) and
+    optimizer state back in place, and the next update the one it would have been."""
     deterministic_sampling(monkeypatch.setattr)
-    make = _nature if recipe == "nature" else _agent
+    one = _nature if recipe == "nature" else _agent
+    make = (lambda: _seeds(one)) if seeds else one
     warmed, batch = make()
     plain, _ = make()
     for _ in range(before):
@@ -326,29 +330,6 @@ def test_the_batched_update_of_seeds_reads_nothing_back_to_the_host(recipe):
         f"{k}:\n{v}" for k, v in probe.seen.items())
     assert metrics["train/nonfinite_steps"].tolist() == [0.0, 1.0]
     assert [a.updates for a in batched.agents] == [2, 2]
-
-
-@pytest.mark.parametrize("recipe", ["2023", "nature"])
-def test_restore_undoes_warmup_updates_of_batched_seeds_exactly(monkeypatch, recipe):
-    """A capture's warm-up of the batched update, undone: every seed's parameters (rows of the
-    stacked tensors) and optimizer state are back in place, and the next update is the one
-    it would have been."""
-    deterministic_sampling(monkeypatch.setattr)
-    make = _nature if recipe == "nature" else _agent
-    warmed, batch = _seeds(make)
-    plain, _ = _seeds(make)
-    warmed.train_step(batch)
-    plain.train_step(batch)
-    saved = snapshot(warmed)
-    tensors = _state(warmed)
-    for _ in range(3):
-        warmed._update(batch)
-    restore(warmed, saved)
-    assert [t.data_ptr() for t in _state(warmed)][:len(tensors)] == \
-        [t.data_ptr() for t in tensors]
-    assert warmed.train(batch) == plain.train(batch)
-    for a, b in zip(_state(warmed), _state(plain)):
-        assert torch.equal(a, b)
 
 
 @cuda
